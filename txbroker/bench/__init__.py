@@ -1,0 +1,2 @@
+"""Benchmarks behind `txbroker bench ...`: each prints figures, medians of runs, and a baseline
+measured in the same run."""

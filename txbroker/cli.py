@@ -1,0 +1,105 @@
+"""The `txbroker` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from txbroker.errors import TxbError
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(coro)
+    return uvloop.run(coro)  # type: ignore[no-any-return]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _bench_store(args: argparse.Namespace) -> int:
+    from txbroker.bench.store_bench import bench_store, format_result, summarize
+    from txbroker.store import FlushMode
+
+    results = []
+    for i in range(args.runs):
+        if not args.json:
+            print(f"  run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+        results.append(
+            _run(
+                bench_store(
+                    args.messages,
+                    args.size,
+                    FlushMode(args.flush),
+                    args.appenders,
+                    Path(args.data_dir) if args.data_dir else None,
+                )
+            )
+        )
+    summary = summarize(results)
+    print(json.dumps(summary) if args.json else format_result(summary))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
+    from txbroker.bench.store_bench import bench_store, format_result, summarize
+    from txbroker.store import FlushMode
+
+    print("txbroker demo: storage engine (commit log + consume queues + key index)")
+    print(f"appending {args.messages:,} x 1 KiB messages from 64 concurrent appenders\n")
+    for mode in (FlushMode.SYNC, FlushMode.ASYNC):
+        res = _run(bench_store(args.messages, 1024, mode, 64))
+        print(format_result(summarize([res])) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="txbroker", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the project's demonstration on embedded defaults")
+    demo.add_argument("--messages", type=_positive, default=200_000)
+    demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    bs = bsub.add_parser("store", help="message store append throughput and latency")
+    bs.add_argument("--messages", type=_positive, default=200_000)
+    bs.add_argument("--size", type=int, default=1024, help="body bytes per message")
+    bs.add_argument("--flush", choices=["sync", "async"], default="sync")
+    bs.add_argument("--appenders", type=_positive, default=64)
+    bs.add_argument("--runs", type=_positive, default=3, help="report the median of this many")
+    bs.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
+    bs.add_argument("--json", action="store_true", help="print one JSON object")
+    bs.set_defaults(func=_bench_store)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except TxbError as e:
+        print(f"txbroker: error [{e.code}]: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

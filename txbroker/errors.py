@@ -1,0 +1,91 @@
+"""Every error txbroker raises on purpose descends from :class:`TxbError`.
+
+The tree, with the behaviour each category carries as class attributes::
+
+    TxbError                      code, retriable
+    ├── InvalidArgument           bad input from a caller: fix the call, never retry
+    │   ├── InvalidName           topic / group name outside the allowed alphabet or length
+    │   ├── MessageTooLarge       body, properties or whole record over its limit
+    │   └── InvalidOffset         negative or otherwise impossible offset
+    ├── NotFound                  offset, message or queue that does not exist (or no longer)
+    └── StoreError                the store itself is in trouble
+        ├── StoreClosed           the store was closed; reopen it
+        ├── StoreFailed           an fsync or write failed; the store refuses further appends
+        ├── CorruptLog            a record failed its checks where the log must be intact
+        └── StoreLocked           another process holds the data directory
+
+Codes are stable: they travel on the wire (issue 3) and appear in logs and tests.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "CorruptLog",
+    "InvalidArgument",
+    "InvalidName",
+    "InvalidOffset",
+    "MessageTooLarge",
+    "NotFound",
+    "StoreClosed",
+    "StoreError",
+    "StoreFailed",
+    "StoreLocked",
+    "TxbError",
+]
+
+
+class TxbError(Exception):
+    """Root of every txbroker error."""
+
+    code: ClassVar[str] = "TXB_ERROR"
+    retriable: ClassVar[bool] = False
+
+
+class InvalidArgument(TxbError):
+    code = "INVALID_ARGUMENT"
+
+
+class InvalidName(InvalidArgument):
+    code = "INVALID_NAME"
+
+
+class MessageTooLarge(InvalidArgument):
+    code = "MESSAGE_TOO_LARGE"
+
+
+class InvalidOffset(InvalidArgument):
+    code = "INVALID_OFFSET"
+
+
+class NotFound(TxbError):
+    code = "NOT_FOUND"
+
+
+class StoreError(TxbError):
+    code = "STORE_ERROR"
+
+
+class StoreClosed(StoreError):
+    code = "STORE_CLOSED"
+
+
+class StoreFailed(StoreError):
+    """A write or fsync failed. After a failed fsync the page cache state is unknown (the kernel
+    may have dropped the dirty pages), so retrying the fsync could report success for data that
+    is gone; the only safe course is to stop appending and recover from disk on reopen."""
+
+    code = "STORE_FAILED"
+
+
+class CorruptLog(StoreError):
+    """A record failed its length, magic or CRC check in a region the store had confirmed durable,
+    or valid data follows an invalid record (so this is not a torn tail)."""
+
+    code = "CORRUPT_LOG"
+
+
+class StoreLocked(StoreError):
+    code = "STORE_LOCKED"
+    retriable = True

@@ -1,0 +1,241 @@
+"""Consume queues: per (topic, queue) index of the commit log, one fixed 20-byte entry a message.
+
+Entry layout (little-endian)::
+
+    offset size field          meaning
+    0      8    phys_offset    where the record starts in the commit log
+    8      4    size           record size in bytes (never 0 in a written entry)
+    12     8    tag_hash       64-bit hash of the record's tag, 0 when it has none
+
+Entry N of a queue is message N of that queue (its queue offset), so a consumer's position is a
+plain integer and a read is one multiplication. Files live in
+``<data>/consumequeue/<topic>/<queue_id>/`` and are named by their first queue offset (20
+digits); each holds a fixed number of entries. A zero ``size`` marks an entry never written.
+Consume queues are derived data: recovery rebuilds them from the commit log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+import struct
+from collections.abc import Collection
+from pathlib import Path
+from typing import Final
+
+from txbroker.store.mapped import MappedFile
+
+__all__ = ["CQ_ENTRY", "ConsumeQueue", "tag_hash"]
+
+CQ_ENTRY: Final = struct.Struct("<QIQ")
+assert CQ_ENTRY.size == 20
+
+NAME_DIGITS: Final = 20
+
+
+@functools.lru_cache(maxsize=4096)
+def tag_hash(tag: str | None) -> int:
+    """Stable 64-bit tag hash (0 for no tag). Stable across processes, unlike ``hash()``."""
+    if not tag:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(tag.encode(), digest_size=8).digest(), "little")
+    return h or 1
+
+
+class ConsumeQueue:
+    __slots__ = ("_bases", "dir", "files", "max_offset", "min_offset", "per_file", "queue_id", "topic")
+
+    def __init__(self, root: Path, topic: str, queue_id: int, per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = root / topic / str(queue_id)
+        self.per_file = per_file
+        self.files: list[MappedFile] = []
+        self._bases: list[int] = []
+        self.min_offset = 0  # first queue offset still readable
+        self.max_offset = 0  # next queue offset to be written
+
+    def load(self) -> None:
+        if not self.dir.exists():
+            return
+        for p in sorted(self.dir.iterdir()):
+            if p.name.isdigit() and len(p.name) == NAME_DIGITS:
+                f = MappedFile.open(p, int(p.name))
+                self.files.append(f)
+                self._bases.append(f.base)
+        if not self.files:
+            return
+        self.min_offset = self.files[0].base
+        self.max_offset = self._find_end()
+
+    def _find_end(self, hint: int | None = None) -> int:
+        """First unwritten entry of the last file. Entries are written in order, so the written
+        ones form a prefix: start at the checkpoint's count when known, else binary search."""
+        last = self.files[-1]
+        n = last.size // CQ_ENTRY.size
+        mm = last.mm
+
+        def written(i: int) -> bool:
+            return bool(CQ_ENTRY.unpack_from(mm, i * CQ_ENTRY.size)[1])
+
+        if hint is not None and last.base <= hint <= last.base + n:
+            i = hint - last.base
+            while i < n and written(i):
+                i += 1
+            return last.base + i
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if written(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return last.base + lo
+
+    def reload_end(self, hint: int) -> None:
+        if self.files:
+            self.max_offset = self._find_end(hint)
+
+    def _file_for(self, qoff: int) -> MappedFile:
+        i = bisect.bisect_right(self._bases, qoff) - 1
+        if i >= 0:
+            f = self.files[i]
+            if qoff < f.base + f.size // CQ_ENTRY.size:
+                return f
+        base = qoff - qoff % self.per_file
+        if not self.files:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        f = MappedFile.create(self.dir / f"{base:0{NAME_DIGITS}d}", base, self.per_file * CQ_ENTRY.size)
+        i = bisect.bisect_left(self._bases, base)
+        self.files.insert(i, f)
+        self._bases.insert(i, base)
+        if len(self.files) == 1:
+            self.min_offset = base
+        return f
+
+    def put(self, qoff: int, phys: int, size: int, taghash: int) -> None:
+        """Write entry ``qoff``. In normal appends qoff == max_offset; recovery replays may
+        rewrite entries (idempotent: same record, same bytes)."""
+        f = self.files[-1] if self.files else None
+        if f is None or not (f.base <= qoff < f.base + self.per_file):
+            f = self._file_for(qoff)
+        CQ_ENTRY.pack_into(f.mm, (qoff - f.base) * CQ_ENTRY.size, phys, size, taghash)
+        if qoff >= self.max_offset:
+            self.max_offset = qoff + 1
+
+    def entry(self, qoff: int) -> tuple[int, int, int] | None:
+        if not (self.min_offset <= qoff < self.max_offset):
+            return None
+        f = self._file_for_read(qoff)
+        if f is None:
+            return None
+        e: tuple[int, int, int] = CQ_ENTRY.unpack_from(f.mm, (qoff - f.base) * CQ_ENTRY.size)
+        return e if e[1] else None
+
+    def _file_for_read(self, qoff: int) -> MappedFile | None:
+        i = bisect.bisect_right(self._bases, qoff) - 1
+        return self.files[i] if i >= 0 else None
+
+    def read(
+        self, qoff: int, max_count: int, tags: Collection[int] | None = None
+    ) -> tuple[list[tuple[int, int, int, int]], int]:
+        """Entries from ``qoff`` on: ([(queue_offset, phys, size, tag_hash)], next_offset).
+
+        With ``tags``, entries whose tag hash is not in it are skipped (and counted as read, so
+        ``next_offset`` moves past them): the server-side tag filter."""
+        out: list[tuple[int, int, int, int]] = []
+        qoff = max(qoff, self.min_offset)
+        scanned = 0
+        # Filtered reads skip entries; bound how many we look at so one pull stays cheap.
+        scan_limit = max_count if tags is None else max_count * 64
+        while qoff < self.max_offset and len(out) < max_count and scanned < scan_limit:
+            f = self._file_for_read(qoff)
+            if f is None:
+                break
+            rel = qoff - f.base
+            n = min(self.max_offset - qoff, f.size // CQ_ENTRY.size - rel, scan_limit - scanned)
+            start = rel * CQ_ENTRY.size
+            for i, (phys, size, th) in enumerate(
+                CQ_ENTRY.iter_unpack(f.mm[start : start + n * CQ_ENTRY.size])
+            ):
+                scanned += 1
+                if size == 0:
+                    continue  # never written (a hole recovery could not fill); skip it
+                if tags is None or th in tags:
+                    out.append((qoff + i, phys, size, th))
+                    if len(out) >= max_count:
+                        return out, qoff + i + 1
+            qoff += n
+        return out, qoff
+
+    def truncate_from_phys(self, log_end: int) -> int:
+        """Remove tail entries that point at or past ``log_end``; return how many."""
+        removed = 0
+        while self.max_offset > self.min_offset:
+            q = self.max_offset - 1
+            f = self._file_for_read(q)
+            assert f is not None
+            pos = (q - f.base) * CQ_ENTRY.size
+            phys, size, _ = CQ_ENTRY.unpack_from(f.mm, pos)
+            if size and phys < log_end:
+                break
+            f.mm[pos : pos + CQ_ENTRY.size] = bytes(CQ_ENTRY.size)
+            self.max_offset = q
+            removed += 1
+        return removed
+
+    def clear_after_end(self) -> None:
+        """Zero stale entries past ``max_offset`` (left by a crash that lost the records they
+        pointed at) so no later scan can take them for written ones."""
+        for f in self.files:
+            if f.base + f.size // CQ_ENTRY.size <= self.max_offset:
+                continue
+            start = max(self.max_offset - f.base, 0) * CQ_ENTRY.size
+            tail = f.mm[start:]
+            if tail.count(0) != len(tail):
+                f.mm[start:] = bytes(len(tail))
+
+    def drop_before_phys(self, log_min: int) -> list[MappedFile]:
+        """Retention: detach files wholly before ``log_min`` and advance ``min_offset`` to the
+        first entry still in the log. Returns the detached files for the caller to unlink."""
+        dead: list[MappedFile] = []
+        while len(self.files) > 1:
+            f = self.files[0]
+            last = self.files[1].base - 1
+            phys, _size, _ = CQ_ENTRY.unpack_from(f.mm, (last - f.base) * CQ_ENTRY.size)
+            if phys >= log_min:
+                break
+            dead.append(self.files.pop(0))
+            self._bases.pop(0)
+        if self.files:
+            self.min_offset = max(self.min_offset, self.files[0].base)
+            # Binary search the first entry whose record survives.
+            lo, hi = self.min_offset, self.max_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                e = self.entry_raw(mid)
+                if e is not None and e[1] and e[0] >= log_min:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            self.min_offset = lo
+        return dead
+
+    def entry_raw(self, qoff: int) -> tuple[int, int, int] | None:
+        f = self._file_for_read(qoff)
+        if f is None or qoff >= f.base + f.size // CQ_ENTRY.size:
+            return None
+        e: tuple[int, int, int] = CQ_ENTRY.unpack_from(f.mm, (qoff - f.base) * CQ_ENTRY.size)
+        return e
+
+    def sync(self, *, everything: bool = False) -> None:
+        # Appends only touch the tail; a rebuild after recovery touches them all.
+        for f in self.files if everything else self.files[-2:]:
+            f.sync()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files.clear()
+        self._bases.clear()

@@ -1,0 +1,230 @@
+"""The key index: message key, message id and idempotency key → commit-log offsets, on disk.
+
+A chain hash table in fixed-size index files (RocketMQ's IndexFile design), so memory stays
+bounded however many keys are written: the kernel pages the files in and out. Each file::
+
+    header (64 bytes, little-endian)
+    0   4  magic       u32   INDEX_MAGIC
+    4   4  version     u32
+    8   4  slot_count  u32   hash slots
+    12  4  capacity    u32   entry capacity
+    16  4  count       u32   entries used (written at flush; recovery trusts the checkpoint)
+    20  4  reserved    u32
+    24  8  begin_phys  u64   commit-log offset of the first indexed record
+    32  8  end_phys    u64   commit-log offset of the last indexed record
+    40  8  begin_ms    u64   store time of the first indexed record
+    48  8  end_ms      u64   store time of the last indexed record
+    56  8  reserved
+    slots: slot_count x u32  1-based number of the newest entry in the slot's chain, 0 = empty
+    entries: capacity x 24 bytes:
+    0   8  key_hash    u64   hash of (kind, key)
+    8   8  phys        u64   commit-log offset of the record
+    16  4  prev        u32   1-based number of the previous entry in this chain, 0 = end
+    20  4  store_s     u32   store time in seconds (low 32 bits), for window filtering
+
+Lookups return candidate offsets; the store reads each record and keeps those whose key really
+matches, so hash collisions and stale entries (past a truncated tail) can only cost a read.
+Files are named by the physical offset of their first record (20 digits).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from pathlib import Path
+from typing import Final
+
+import google_crc32c
+
+from txbroker.store.mapped import MappedFile
+
+__all__ = ["IndexFile", "KeyIndex", "KeyKind"]
+
+INDEX_HEADER: Final = struct.Struct("<IIIIIIQQQQQ")
+INDEX_ENTRY: Final = struct.Struct("<QQII")
+SLOT: Final = struct.Struct("<I")
+assert INDEX_HEADER.size == 64
+assert INDEX_ENTRY.size == 24
+INDEX_MAGIC: Final = 0x58444958  # b"XIDX"
+INDEX_VERSION: Final = 1
+NAME_DIGITS: Final = 20
+
+
+class KeyKind(enum.IntEnum):
+    KEY = 1
+    MESSAGE_ID = 2
+    IDEMPOTENCY_KEY = 3
+
+
+def key_hash(kind: int, key: str) -> int:
+    data = key.encode()
+    # Two different CRC polynomials give 64 reasonably independent bits cheaply.
+    return (zlib.crc32(data, kind) << 32) | google_crc32c.value(data)
+
+
+class IndexFile:
+    __slots__ = ("begin_ms", "begin_phys", "capacity", "count", "end_ms", "end_phys", "f", "slots")
+
+    def __init__(self, f: MappedFile) -> None:
+        self.f = f
+        magic, version, slots, capacity, count, _r, bp, ep, bm, em, _r2 = INDEX_HEADER.unpack_from(
+            f.mm, 0
+        )
+        if magic != INDEX_MAGIC or version != INDEX_VERSION:
+            raise ValueError(f"{f.path} is not a version {INDEX_VERSION} index file")
+        self.slots, self.capacity, self.count = slots, capacity, count
+        self.begin_phys, self.end_phys, self.begin_ms, self.end_ms = bp, ep, bm, em
+
+    @classmethod
+    def create(cls, path: Path, base_phys: int, slots: int, capacity: int) -> IndexFile:
+        size = INDEX_HEADER.size + slots * SLOT.size + capacity * INDEX_ENTRY.size
+        f = MappedFile.create(path, base_phys, size)
+        INDEX_HEADER.pack_into(
+            f.mm, 0, INDEX_MAGIC, INDEX_VERSION, slots, capacity, 0, 0, base_phys, base_phys, 0, 0, 0
+        )
+        return cls(f)
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.capacity
+
+    def _entry_pos(self, number: int) -> int:  # number is 1-based
+        return INDEX_HEADER.size + self.slots * SLOT.size + (number - 1) * INDEX_ENTRY.size
+
+    def add(self, h: int, phys: int, store_ms: int) -> None:
+        mm = self.f.mm
+        slot_pos = INDEX_HEADER.size + (h % self.slots) * SLOT.size
+        (head,) = SLOT.unpack_from(mm, slot_pos)
+        number = self.count + 1
+        INDEX_ENTRY.pack_into(
+            mm, self._entry_pos(number), h, phys, head, (store_ms // 1000) & 0xFFFFFFFF
+        )
+        # Entry first, then count, then slot: a crash between them orphans the entry (replay
+        # re-adds it) but never links a slot to an entry that was not written.
+        self.count = number
+        SLOT.pack_into(mm, slot_pos, number)
+        if number == 1:
+            self.begin_phys, self.begin_ms = phys, store_ms
+        self.end_phys, self.end_ms = phys, store_ms
+
+    def find(self, h: int, limit: int) -> list[int]:
+        mm = self.f.mm
+        (number,) = SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * SLOT.size)
+        out: list[int] = []
+        while number and len(out) < limit:
+            if number > self.count:
+                break  # a link past the trusted count: stale after a crash, ignore
+            eh, phys, prev, _ = INDEX_ENTRY.unpack_from(mm, self._entry_pos(number))
+            if eh == h:
+                out.append(phys)
+            if prev >= number:
+                break  # chains only point backwards; anything else is damage
+            number = prev
+        return out
+
+    def write_header(self) -> None:
+        INDEX_HEADER.pack_into(
+            self.f.mm,
+            0,
+            INDEX_MAGIC,
+            INDEX_VERSION,
+            self.slots,
+            self.capacity,
+            self.count,
+            0,
+            self.begin_phys,
+            self.end_phys,
+            self.begin_ms,
+            self.end_ms,
+            0,
+        )
+
+    def relink(self, count: int) -> None:
+        """Rebuild every slot and chain from entries [1, count]: after a crash only entries
+        covered by the checkpoint are trusted, and slots may point at lost ones."""
+        mm = self.f.mm
+        slots_start = INDEX_HEADER.size
+        mm[slots_start : slots_start + self.slots * SLOT.size] = bytes(self.slots * SLOT.size)
+        heads = [0] * self.slots
+        start = self._entry_pos(1)
+        raw = mm[start : start + count * INDEX_ENTRY.size]
+        nslots = self.slots
+        for number, (h, phys, _prev, ts) in enumerate(INDEX_ENTRY.iter_unpack(raw), start=1):
+            s = h % nslots
+            INDEX_ENTRY.pack_into(mm, start + (number - 1) * INDEX_ENTRY.size, h, phys, heads[s], ts)
+            heads[s] = number
+        mm[slots_start : slots_start + self.slots * SLOT.size] = struct.pack(
+            f"<{self.slots}I", *heads
+        )
+        self.count = count
+        # Zero what follows so stale entries cannot be mistaken for live ones later.
+        tail = self._entry_pos(count + 1)
+        end = self._entry_pos(self.capacity + 1)
+        if tail < end:
+            mm[tail:end] = bytes(end - tail)
+        if count:
+            _, self.end_phys, _, ts = INDEX_ENTRY.unpack_from(mm, self._entry_pos(count))
+            self.end_ms = ts * 1000
+
+
+class KeyIndex:
+    """All index files of a store, oldest first; only the last one is written."""
+
+    def __init__(self, directory: Path, slots: int, capacity: int) -> None:
+        self.dir = directory
+        self.slot_count = slots
+        self.capacity = capacity
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for p in sorted(self.dir.iterdir()):
+            if p.name.isdigit() and len(p.name) == NAME_DIGITS:
+                self.files.append(IndexFile(MappedFile.open(p, int(p.name))))
+
+    def add(self, kind: int, key: str, phys: int, store_ms: int) -> None:
+        files = self.files
+        if not files or files[-1].full:
+            if files:
+                files[-1].write_header()
+            path = self.dir / f"{phys:0{NAME_DIGITS}d}"
+            if path.exists():  # same start offset: a replay re-indexing this record
+                path.unlink()
+            files.append(IndexFile.create(path, phys, self.slot_count, self.capacity))
+        files[-1].add(key_hash(kind, key), phys, store_ms)
+
+    def find(self, kind: int, key: str, limit: int = 64, since_ms: int = 0) -> list[int]:
+        """Candidate offsets, newest first, for files whose records may be newer than since_ms."""
+        h = key_hash(kind, key)
+        out: list[int] = []
+        for f in reversed(self.files):
+            if f.count and f.end_ms and f.end_ms < since_ms:
+                break
+            out.extend(f.find(h, limit - len(out)))
+            if len(out) >= limit:
+                break
+        return out
+
+    def sync(self) -> None:
+        if self.files:
+            self.files[-1].write_header()
+            self.files[-1].f.sync()
+
+    def state(self) -> tuple[int, int]:
+        """(base of the active file, its entry count): what a checkpoint records."""
+        if not self.files:
+            return (-1, 0)
+        return (self.files[-1].f.base, self.files[-1].count)
+
+    def drop_before_phys(self, log_min: int) -> list[MappedFile]:
+        dead: list[MappedFile] = []
+        while len(self.files) > 1 and self.files[0].end_phys < log_min:
+            dead.append(self.files.pop(0).f)
+        return dead
+
+    def close(self) -> None:
+        for f in self.files:
+            f.write_header()
+            f.f.close()
+        self.files.clear()

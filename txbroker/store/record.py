@@ -1,0 +1,257 @@
+"""The commit-log record: its byte layout, limits, encoder and decoder. Written once, here.
+
+A record is a fixed 56-byte header followed by three variable parts::
+
+    offset size field              meaning
+    0      4    total_size  u32    whole record in bytes, header included
+    4      4    magic       u32    MAGIC_MESSAGE, or MAGIC_BLANK for end-of-segment filler
+    8      4    crc         u32    CRC32C (Castagnoli) of bytes [12, total_size)
+    12     2    flags       u16    RecordFlag bits (kind of record: normal, half, tx op, ...)
+    14     2    queue_id    u16    queue within the topic
+    16     8    queue_off   u64    position of this record in its consume queue
+    24     8    phys_off    u64    position of this record in the commit log (self-check)
+    32     8    born_ms     u64    producer's clock when the message was created (ms)
+    40     8    store_ms    u64    broker's clock when the record was appended (ms)
+    48     4    body_len    u32    length of body
+    52     2    props_len   u16    length of the msgpack-encoded property map (0 = empty)
+    54     2    topic_len   u16    length of the UTF-8 topic name
+    56     ...  topic, properties, body
+
+All integers are little-endian. ``total_size == 56 + topic_len + props_len + body_len`` always;
+the redundancy is a second check beside the CRC. A record never spans segments: when the next
+one does not fit, a BLANK record (size + magic only, no CRC) fills the segment's remainder, and
+if fewer than ``HEADER.size`` bytes remain, the remainder is left zero and means the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping
+from typing import Final
+
+import google_crc32c
+import msgspec
+
+from txbroker.errors import CorruptLog, InvalidArgument, MessageTooLarge
+
+__all__ = [
+    "HEADER",
+    "MAGIC_BLANK",
+    "MAGIC_MESSAGE",
+    "MAX_BODY_BYTES",
+    "MAX_PROPERTIES_BYTES",
+    "MAX_RECORD_BYTES",
+    "PROP_IDEMPOTENCY_KEY",
+    "PROP_KEYS",
+    "PROP_MESSAGE_ID",
+    "PROP_TAGS",
+    "Message",
+    "RecordFlag",
+    "StoredMessage",
+    "decode_record",
+    "encode_properties",
+    "encode_record",
+    "record_size",
+]
+
+# --- layout ---------------------------------------------------------------------------------
+
+# Split in two so the CRC can be computed over META before PREFIX (which holds the CRC) is packed.
+PREFIX: Final = struct.Struct("<III")  # total_size, magic, crc
+META: Final = struct.Struct("<HHQQQQIHH")  # flags .. topic_len, as in the table above
+HEADER: Final = struct.Struct("<III" + "HHQQQQIHH")
+SIZE_MAGIC: Final = struct.Struct("<II")  # enough to classify a position: size + magic
+CRC_START: Final = 12  # the CRC covers [CRC_START, total_size)
+
+assert HEADER.size == 56
+assert PREFIX.size + META.size == HEADER.size
+assert PREFIX.size == CRC_START
+
+MAGIC_MESSAGE: Final = 0x31425854  # b"TXB1" read little-endian
+MAGIC_BLANK: Final = 0x30425854  # b"TXB0"
+
+# --- limits ---------------------------------------------------------------------------------
+
+# 4 MiB, RocketMQ's default maxMessageSize: large enough for any event, small enough that one
+# message cannot monopolise a group commit or a consumer's pull batch.
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+# Properties carry keys, ids and trace context, not payload; 32 KiB also fits props_len's u16.
+MAX_PROPERTIES_BYTES: Final = 32 * 1024 - 1
+MAX_TOPIC_BYTES: Final = 127
+MAX_QUEUE_ID: Final = 0xFFFF
+MAX_RECORD_BYTES: Final = HEADER.size + MAX_TOPIC_BYTES + MAX_PROPERTIES_BYTES + MAX_BODY_BYTES
+
+assert MAX_PROPERTIES_BYTES <= 0xFFFF
+
+# --- properties -----------------------------------------------------------------------------
+
+# Property names are short because they are stored in every record.
+PROP_MESSAGE_ID: Final = "id"  # unique message id (UUIDv7 hex), assigned by the producer
+PROP_KEYS: Final = "keys"  # business keys, space-separated; each is indexed
+PROP_TAGS: Final = "tags"  # one tag, used for server-side filtering via the tag hash
+PROP_IDEMPOTENCY_KEY: Final = "ik"  # producer's idempotency key, indexed for deduplication
+
+KEY_SEPARATOR: Final = " "
+
+
+class RecordFlag(enum.IntFlag):
+    """What kind of record this is. Transactions (issue 4) use the TX bits."""
+
+    NONE = 0
+    TX_HALF = 1  # a prepared (half) message, stored in the internal half topic
+    TX_OP = 2  # an op record resolving a half message
+    TX_COMMITTED = 4  # the visible copy of a committed transactional message
+    DELAYED = 8  # held in the schedule topic until its delivery time
+
+
+_props_encoder = msgspec.msgpack.Encoder()
+_props_decoder = msgspec.msgpack.Decoder(dict[str, str])
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    if not properties:
+        return b""
+    for k, v in properties.items():
+        if type(k) is not str or type(v) is not str:
+            raise InvalidArgument(f"properties must map str to str, got {k!r}: {v!r}")
+    data = _props_encoder.encode(properties)
+    if len(data) > MAX_PROPERTIES_BYTES:
+        raise MessageTooLarge(
+            f"properties take {len(data)} bytes encoded; the limit is {MAX_PROPERTIES_BYTES}"
+        )
+    return data
+
+
+# --- domain records -------------------------------------------------------------------------
+
+
+class Message(msgspec.Struct, frozen=True, gc=False):
+    """A message to append. The store assigns queue offset, physical offset and store time."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    flags: int = 0
+    born_timestamp_ms: int = 0
+
+
+class StoredMessage(msgspec.Struct, frozen=True, gc=False):
+    """A record read back from the commit log."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    size: int
+    flags: int
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    properties: dict[str, str]
+    body: bytes
+
+    @property
+    def message_id(self) -> str | None:
+        return self.properties.get(PROP_MESSAGE_ID)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROP_KEYS)
+        return raw.split(KEY_SEPARATOR) if raw else []
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROP_TAGS)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.properties.get(PROP_IDEMPOTENCY_KEY)
+
+
+# --- codec ----------------------------------------------------------------------------------
+
+
+def record_size(topic_bytes: bytes, props: bytes, body_len: int) -> int:
+    return HEADER.size + len(topic_bytes) + len(props) + body_len
+
+
+def encode_record(
+    topic_bytes: bytes,
+    props: bytes,
+    body: bytes,
+    flags: int,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    born_ms: int,
+    store_ms: int,
+) -> bytes:
+    """Encode one record (positional arguments: this is the append hot path). Limits are the
+    caller's to check before assigning offsets; breaking them here is a bug, hence asserts."""
+    body_len = len(body)
+    props_len = len(props)
+    topic_len = len(topic_bytes)
+    assert body_len <= MAX_BODY_BYTES and props_len <= MAX_PROPERTIES_BYTES
+    assert topic_len <= MAX_TOPIC_BYTES and 0 <= queue_id <= MAX_QUEUE_ID
+    meta = _pack_meta(
+        flags, queue_id, queue_offset, physical_offset, born_ms, store_ms, body_len, props_len,
+        topic_len,
+    )
+    crc = _crc_extend(_crc_extend(_crc_extend(_crc_value(meta), topic_bytes), props), body)
+    total = HEADER.size + topic_len + props_len + body_len
+    return b"".join((_pack_prefix(total, MAGIC_MESSAGE, crc), meta, topic_bytes, props, body))
+
+
+_pack_meta = META.pack
+_pack_prefix = PREFIX.pack
+_crc_value = google_crc32c.value
+_crc_extend = google_crc32c.extend
+
+
+def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> StoredMessage:
+    """Decode and verify the record at ``buf[pos:]``; raise :class:`CorruptLog` on any mismatch."""
+    reason = check_record(buf, pos)
+    if reason is not None:
+        raise CorruptLog(f"record at buffer position {pos}: {reason}")
+    (total, _magic, _crc, flags, qid, qoff, phys, born, store, body_len, props_len, topic_len) = (
+        HEADER.unpack_from(buf, pos)
+    )
+    p = pos + HEADER.size
+    topic = bytes(buf[p : p + topic_len]).decode()
+    p += topic_len
+    props = _props_decoder.decode(buf[p : p + props_len]) if props_len else {}
+    p += props_len
+    body = bytes(buf[p : p + body_len])
+    return StoredMessage(
+        topic=topic,
+        queue_id=qid,
+        queue_offset=qoff,
+        physical_offset=phys,
+        size=total,
+        flags=flags,
+        born_timestamp_ms=born,
+        store_timestamp_ms=store,
+        properties=props,
+        body=body,
+    )
+
+
+def check_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
+    """Return None when a whole, valid message record starts at ``pos``, else why not."""
+    avail = len(buf) - pos
+    if avail < HEADER.size:
+        return f"only {avail} bytes left, a header needs {HEADER.size}"
+    total, magic, crc, *_, body_len, props_len, topic_len = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC_MESSAGE:
+        return f"bad magic 0x{magic:08x}"
+    if total != HEADER.size + topic_len + props_len + body_len:
+        return f"size {total} disagrees with its parts"
+    if total > avail:
+        return f"size {total} runs past the end ({avail} bytes left)"
+    if body_len > MAX_BODY_BYTES or props_len > MAX_PROPERTIES_BYTES:
+        return "a length is over its limit"
+    actual = google_crc32c.value(bytes(buf[pos + CRC_START : pos + total]))
+    if actual != crc:
+        return f"CRC mismatch (stored 0x{crc:08x}, computed 0x{actual:08x})"
+    return None

@@ -1,0 +1,234 @@
+"""Opening a store: load files, verify the log from the checkpoint, truncate a torn tail, and
+replay records into consume queues and the key index until all three agree again.
+
+Phases run in order through one guarded transition function; the report says what each did.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from txbroker.errors import CorruptLog
+from txbroker.store.checkpoint import Checkpoint, queue_key, read_checkpoint
+from txbroker.store.commitlog import CommitLog, ScanEnd
+from txbroker.store.consumequeue import ConsumeQueue, tag_hash
+from txbroker.store.keyindex import KeyIndex, KeyKind
+from txbroker.store.record import (
+    KEY_SEPARATOR,
+    PROP_IDEMPOTENCY_KEY,
+    PROP_KEYS,
+    PROP_MESSAGE_ID,
+    PROP_TAGS,
+)
+
+__all__ = ["Phase", "RecoveryReport", "recover"]
+
+log = logging.getLogger(__name__)
+_props_decoder = msgspec.msgpack.Decoder(dict[str, str])
+
+
+class Phase(enum.Enum):
+    LOAD = "load"
+    PLAN = "plan"
+    REPLAY = "replay"
+    TRUNCATE = "truncate"
+    DONE = "done"
+
+
+_NEXT = {Phase.LOAD: Phase.PLAN, Phase.PLAN: Phase.REPLAY, Phase.REPLAY: Phase.TRUNCATE}
+_NEXT[Phase.TRUNCATE] = Phase.DONE
+
+
+@dataclass
+class RecoveryReport:
+    abnormal: bool = False
+    checkpoint_offset: int = 0
+    replay_from: int = 0
+    end_offset: int = 0
+    records_replayed: int = 0
+    torn_bytes_cleared: int = 0
+    torn_reason: str | None = None
+    queues_rebuilt: list[str] = field(default_factory=list)
+    index_rebuilt: bool = False
+    seconds: float = 0.0
+    phase: Phase = Phase.LOAD
+
+    def advance(self, to: Phase) -> None:
+        if _NEXT.get(self.phase) is not to:
+            raise AssertionError(f"recovery cannot go from {self.phase} to {to}")
+        self.phase = to
+
+
+def dispatch(
+    queue: ConsumeQueue,
+    index: KeyIndex,
+    props: dict[str, str],
+    phys: int,
+    size: int,
+    qoff: int,
+    store_ms: int,
+    *,
+    to_queue: bool = True,
+    to_index: bool = True,
+) -> None:
+    """Record one stored message in its consume queue and the key index. Shared by appends
+    and replay, so both build byte-identical queues."""
+    if to_queue:
+        queue.put(qoff, phys, size, tag_hash(props.get(PROP_TAGS)))
+    if to_index:
+        mid = props.get(PROP_MESSAGE_ID)
+        if mid:
+            index.add(KeyKind.MESSAGE_ID, mid, phys, store_ms)
+        keys = props.get(PROP_KEYS)
+        if keys:
+            for k in keys.split(KEY_SEPARATOR):
+                if k:
+                    index.add(KeyKind.KEY, k, phys, store_ms)
+        ik = props.get(PROP_IDEMPOTENCY_KEY)
+        if ik:
+            index.add(KeyKind.IDEMPOTENCY_KEY, ik, phys, store_ms)
+
+
+def load_queues(root: Path, per_file: int) -> dict[tuple[str, int], ConsumeQueue]:
+    queues: dict[tuple[str, int], ConsumeQueue] = {}
+    if not root.exists():
+        return queues
+    for tdir in sorted(root.iterdir()):
+        if not tdir.is_dir():
+            continue
+        for qdir in sorted(tdir.iterdir()):
+            if qdir.is_dir() and qdir.name.isdigit():
+                cq = ConsumeQueue(root, tdir.name, int(qdir.name), per_file)
+                cq.load()
+                queues[(tdir.name, int(qdir.name))] = cq
+    return queues
+
+
+def recover(
+    data_dir: Path,
+    commitlog: CommitLog,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    index: KeyIndex,
+    cq_root: Path,
+    cq_per_file: int,
+    abnormal: bool,
+) -> RecoveryReport:
+    t0 = time.perf_counter()
+    rep = RecoveryReport(abnormal=abnormal)
+    cp = read_checkpoint(data_dir)
+    if cp is None:
+        # No checkpoint: nothing is known consistent; verify and replay the whole log.
+        cp = Checkpoint(log_offset=commitlog.min_offset)
+        rebuild_index = True
+    else:
+        rebuild_index = False
+    p = max(cp.log_offset, commitlog.min_offset)
+    rep.checkpoint_offset = p
+    rep.advance(Phase.PLAN)
+
+    # A queue shorter on disk than the checkpoint says (or missing) is rebuilt from the log.
+    for key, count in cp.queues.items():
+        topic, _, qid = key.rpartition("/")
+        cq = queues.get((topic, int(qid)))
+        if cq is not None:
+            cq.reload_end(count)
+        if cq is None or cq.max_offset < count:
+            rep.queues_rebuilt.append(key)
+    for key in rep.queues_rebuilt:
+        topic, _, qid = key.rpartition("/")
+        old = queues.pop((topic, int(qid)), None)
+        if old is not None:
+            old.close()
+        shutil.rmtree(cq_root / topic / qid, ignore_errors=True)
+    rebuild = set(rep.queues_rebuilt)
+
+    active_base, _ = index.state()
+    if not rebuild_index and cp.index_base >= 0 and cp.index_base != active_base:
+        known = {f.f.base for f in index.files}
+        rebuild_index = cp.index_base not in known
+    if rebuild_index:
+        _wipe_index(index)
+    elif abnormal:
+        # Entries past the checkpoint may be torn (power loss); trust only the checkpointed
+        # prefix of the checkpointed file, drop newer files, and let the replay re-add the rest.
+        while index.files and index.files[-1].f.base > cp.index_base:
+            index.files.pop().f.close(unlink=True)
+        if index.files:
+            index.files[-1].relink(cp.index_count)
+    rep.index_rebuilt = rebuild_index
+
+    replay_from = commitlog.min_offset if (rebuild or rebuild_index) else p
+    rep.replay_from = replay_from
+    rep.advance(Phase.REPLAY)
+    end_out: list[ScanEnd] = []
+    n = 0
+    for rec in commitlog.scan(replay_from, end_out):
+        past_cp = rec.phys >= p
+        qkey = (rec.topic, rec.queue_id)
+        to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
+        to_index = past_cp or rebuild_index
+        if not (to_queue or to_index):
+            continue
+        cq = queues.get(qkey)
+        if cq is None:
+            cq = queues[qkey] = ConsumeQueue(cq_root, rec.topic, rec.queue_id, cq_per_file)
+        props = _props_decoder.decode(rec.props) if rec.props else {}
+        dispatch(
+            cq,
+            index,
+            props,
+            rec.phys,
+            rec.size,
+            rec.queue_offset,
+            rec.store_ms,
+            to_queue=to_queue,
+            to_index=to_index,
+        )
+        n += 1
+    rep.records_replayed = n
+    end, reason = end_out[-1]
+    rep.end_offset = end
+    rep.torn_reason = reason
+
+    rep.advance(Phase.TRUNCATE)
+    if reason is not None or abnormal:
+        if reason is not None and end < p:
+            raise CorruptLog(
+                f"commit log record at offset {end} is invalid ({reason}) inside the region the "
+                f"checkpoint recorded as durable (up to {p}): the disk or a tool damaged it"
+            )
+        later = commitlog.find_valid_after(end)
+        if later is not None:
+            raise CorruptLog(
+                f"commit log is damaged at offset {end} ({reason or 'unwritten hole'}) but a valid "
+                f"record follows at offset {later}: refusing to drop acknowledged data; restore "
+                "the segment from a replica or backup, or truncate it by hand"
+            )
+        rep.torn_bytes_cleared = commitlog.truncate(end, clear_tail=True)
+        for cq in queues.values():
+            cq.truncate_from_phys(end)
+            cq.clear_after_end()
+        if rep.torn_bytes_cleared:
+            log.warning(
+                "recovery cleared a torn tail of %d bytes at offset %d (%s)",
+                rep.torn_bytes_cleared,
+                end,
+                reason,
+            )
+    else:
+        commitlog.truncate(end, clear_tail=False)
+    rep.advance(Phase.DONE)
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def _wipe_index(index: KeyIndex) -> None:
+    while index.files:
+        index.files.pop().f.close(unlink=True)
