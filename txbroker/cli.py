@@ -20,7 +20,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         return asyncio.run(coro)
-    return uvloop.run(coro)  # type: ignore[no-any-return]
+    result: T = uvloop.run(coro)
+    return result
 
 
 def _positive(text: str) -> int:

@@ -11,7 +11,8 @@ import itertools
 import os
 import time
 
-__all__ = ["new_id", "id_time_ms"]
+__all__ = ["id_time_ms", "new_id"]
+
 
 def _reseed() -> None:
     global _node, _seq

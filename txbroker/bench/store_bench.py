@@ -105,7 +105,9 @@ async def bench_store(
 ) -> StoreBenchResult:
     root = Path(tempfile.mkdtemp(prefix="txb-bench-", dir=data_root))
     try:
-        elapsed, lat, store = await _run_store(root / "store", messages, size, flush, appenders, queues)
+        elapsed, lat, store = await _run_store(
+            root / "store", messages, size, flush, appenders, queues
+        )
         c = store.committer
         fsyncs, recs = c.fsync_count, c.fsync_records
         fsync_times = sorted(c.fsync_seconds)
@@ -118,7 +120,9 @@ async def bench_store(
             batch = max(int(per_fsync), 1)
             raw_s = _raw_ceiling(root, int(record_bytes * done), int(record_bytes * batch), True)
         else:
-            raw_s = _raw_ceiling(root, int(record_bytes * done), int(record_bytes * appenders), False)
+            raw_s = _raw_ceiling(
+                root, int(record_bytes * done), int(record_bytes * appenders), False
+            )
         raw_rate = done / raw_s
         rate = done / elapsed
         return StoreBenchResult(
@@ -149,8 +153,12 @@ def summarize(results: list[StoreBenchResult]) -> dict[str, object]:
         for k, v in asdict(results[0]).items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    return {"flush": results[0].flush, "runs": len(results), "median": med,
-            "all": [asdict(r) for r in results]}
+    return {
+        "flush": results[0].flush,
+        "runs": len(results),
+        "median": med,
+        "all": [asdict(r) for r in results],
+    }
 
 
 def format_result(summary: dict[str, object]) -> str:

@@ -44,7 +44,16 @@ def tag_hash(tag: str | None) -> int:
 
 
 class ConsumeQueue:
-    __slots__ = ("_bases", "dir", "files", "max_offset", "min_offset", "per_file", "queue_id", "topic")
+    __slots__ = (
+        "_bases",
+        "dir",
+        "files",
+        "max_offset",
+        "min_offset",
+        "per_file",
+        "queue_id",
+        "topic",
+    )
 
     def __init__(self, root: Path, topic: str, queue_id: int, per_file: int) -> None:
         self.topic = topic
@@ -106,7 +115,9 @@ class ConsumeQueue:
         base = qoff - qoff % self.per_file
         if not self.files:
             self.dir.mkdir(parents=True, exist_ok=True)
-        f = MappedFile.create(self.dir / f"{base:0{NAME_DIGITS}d}", base, self.per_file * CQ_ENTRY.size)
+        f = MappedFile.create(
+            self.dir / f"{base:0{NAME_DIGITS}d}", base, self.per_file * CQ_ENTRY.size
+        )
         i = bisect.bisect_left(self._bases, base)
         self.files.insert(i, f)
         self._bases.insert(i, base)

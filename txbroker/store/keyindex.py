@@ -37,6 +37,7 @@ from typing import Final
 
 import google_crc32c
 
+from txbroker.errors import CorruptLog
 from txbroker.store.mapped import MappedFile
 
 __all__ = ["IndexFile", "KeyIndex", "KeyKind"]
@@ -60,7 +61,8 @@ class KeyKind(enum.IntEnum):
 def key_hash(kind: int, key: str) -> int:
     data = key.encode()
     # Two different CRC polynomials give 64 reasonably independent bits cheaply.
-    return (zlib.crc32(data, kind) << 32) | google_crc32c.value(data)
+    low: int = google_crc32c.value(data)
+    return (zlib.crc32(data, kind) << 32) | low
 
 
 class IndexFile:
@@ -72,16 +74,33 @@ class IndexFile:
             f.mm, 0
         )
         if magic != INDEX_MAGIC or version != INDEX_VERSION:
-            raise ValueError(f"{f.path} is not a version {INDEX_VERSION} index file")
-        self.slots, self.capacity, self.count = slots, capacity, count
-        self.begin_phys, self.end_phys, self.begin_ms, self.end_ms = bp, ep, bm, em
+            raise CorruptLog(f"{f.path} is not a version {INDEX_VERSION} index file")
+        self.slots: int = slots
+        self.capacity: int = capacity
+        self.count: int = count
+        self.begin_phys: int = bp
+        self.end_phys: int = ep
+        self.begin_ms: int = bm
+        self.end_ms: int = em
 
     @classmethod
     def create(cls, path: Path, base_phys: int, slots: int, capacity: int) -> IndexFile:
         size = INDEX_HEADER.size + slots * SLOT.size + capacity * INDEX_ENTRY.size
         f = MappedFile.create(path, base_phys, size)
         INDEX_HEADER.pack_into(
-            f.mm, 0, INDEX_MAGIC, INDEX_VERSION, slots, capacity, 0, 0, base_phys, base_phys, 0, 0, 0
+            f.mm,
+            0,
+            INDEX_MAGIC,
+            INDEX_VERSION,
+            slots,
+            capacity,
+            0,
+            0,
+            base_phys,
+            base_phys,
+            0,
+            0,
+            0,
         )
         return cls(f)
 
@@ -152,7 +171,9 @@ class IndexFile:
         nslots = self.slots
         for number, (h, phys, _prev, ts) in enumerate(INDEX_ENTRY.iter_unpack(raw), start=1):
             s = h % nslots
-            INDEX_ENTRY.pack_into(mm, start + (number - 1) * INDEX_ENTRY.size, h, phys, heads[s], ts)
+            INDEX_ENTRY.pack_into(
+                mm, start + (number - 1) * INDEX_ENTRY.size, h, phys, heads[s], ts
+            )
             heads[s] = number
         mm[slots_start : slots_start + self.slots * SLOT.size] = struct.pack(
             f"<{self.slots}I", *heads

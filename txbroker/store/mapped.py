@@ -33,7 +33,17 @@ def fsync_dir(path: Path) -> None:
 class MappedFile:
     """One preallocated file mapped read-write in full."""
 
-    __slots__ = ("_closed", "_lock", "_refs", "_unlink_on_close", "base", "fd", "mm", "path", "size")
+    __slots__ = (
+        "_closed",
+        "_lock",
+        "_refs",
+        "_unlink_on_close",
+        "base",
+        "fd",
+        "mm",
+        "path",
+        "size",
+    )
 
     def __init__(self, path: Path, base: int, fd: int, size: int) -> None:
         self.path = path

@@ -26,9 +26,10 @@ if fewer than ``HEADER.size`` bytes remain, the remainder is left zero and means
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, TypeAlias
 
 import google_crc32c
 import msgspec
@@ -54,6 +55,8 @@ __all__ = [
     "encode_record",
     "record_size",
 ]
+
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
 # --- layout ---------------------------------------------------------------------------------
 
@@ -195,7 +198,14 @@ def encode_record(
     assert body_len <= MAX_BODY_BYTES and props_len <= MAX_PROPERTIES_BYTES
     assert topic_len <= MAX_TOPIC_BYTES and 0 <= queue_id <= MAX_QUEUE_ID
     meta = _pack_meta(
-        flags, queue_id, queue_offset, physical_offset, born_ms, store_ms, body_len, props_len,
+        flags,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        born_ms,
+        store_ms,
+        body_len,
+        props_len,
         topic_len,
     )
     crc = _crc_extend(_crc_extend(_crc_extend(_crc_value(meta), topic_bytes), props), body)
@@ -209,7 +219,7 @@ _crc_value = google_crc32c.value
 _crc_extend = google_crc32c.extend
 
 
-def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> StoredMessage:
+def decode_record(buf: Buffer, pos: int = 0) -> StoredMessage:
     """Decode and verify the record at ``buf[pos:]``; raise :class:`CorruptLog` on any mismatch."""
     reason = check_record(buf, pos)
     if reason is not None:
@@ -237,7 +247,7 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> StoredMe
     )
 
 
-def check_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
+def check_record(buf: Buffer, pos: int = 0) -> str | None:
     """Return None when a whole, valid message record starts at ``pos``, else why not."""
     avail = len(buf) - pos
     if avail < HEADER.size:
@@ -251,7 +261,7 @@ def check_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | Non
         return f"size {total} runs past the end ({avail} bytes left)"
     if body_len > MAX_BODY_BYTES or props_len > MAX_PROPERTIES_BYTES:
         return "a length is over its limit"
-    actual = google_crc32c.value(bytes(buf[pos + CRC_START : pos + total]))
+    actual: int = google_crc32c.value(bytes(buf[pos + CRC_START : pos + total]))
     if actual != crc:
         return f"CRC mismatch (stored 0x{crc:08x}, computed 0x{actual:08x})"
     return None

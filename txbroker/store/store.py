@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 import msgspec
 
@@ -65,6 +66,11 @@ from txbroker.store.recovery import RecoveryReport, dispatch, load_queues, recov
 __all__ = ["AppendResult", "GetResult", "MessageStore", "RetentionReport", "StoreState"]
 
 log = logging.getLogger(__name__)
+
+
+# Output of MessageStore._prepare: topic, topic bytes, body, queue id, flags, born ms,
+# properties, encoded properties, message id.
+_Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], bytes, str]
 
 
 class StoreState(enum.Enum):
@@ -233,6 +239,16 @@ class MessageStore:
         await loop.run_in_executor(None, self._close_files)
         self._transition(StoreState.CLOSED)
 
+    def abandon(self) -> None:
+        """Drop the store as a kill -9 would: no final flush, no checkpoint, the shutdown marker
+        left in place, buffered (unacknowledged) records lost. For crash tests in one process."""
+        for t in self._tasks:
+            t.cancel()
+        if self._committer is not None:
+            self._committer.close()
+        self._close_files()
+        self._state = StoreState.CLOSED
+
     async def __aenter__(self) -> MessageStore:
         return self
 
@@ -255,16 +271,23 @@ class MessageStore:
         """Append without waiting for durability (see :meth:`durable`). All checks run before
         anything is written, so a rejected message leaves the store untouched."""
         self._check_open()
+        return self._write(self._prepare(msg))
+
+    def _prepare(self, msg: Message) -> _Prepared:
+        """Validate and encode what does not depend on the log position."""
+        if not isinstance(msg, Message):
+            raise InvalidArgument(f"expected a Message, got {type(msg).__name__}")
         topic = msg.topic
         tb = self._topic_bytes.get(topic)
         if tb is None:
             validate_topic(topic)
             tb = self._topic_bytes[topic] = topic.encode()
-        body = msg.body
+        body: object = msg.body
         if type(body) is not bytes:
             if not isinstance(body, bytearray | memoryview):
                 raise InvalidArgument(f"body must be bytes, not {type(body).__name__}")
             body = bytes(body)
+        assert isinstance(body, bytes)
         if len(body) > self._max_body:
             raise MessageTooLarge(
                 f"message body is {len(body)} bytes; the limit is {self._max_body}"
@@ -272,15 +295,23 @@ class MessageStore:
         qid = msg.queue_id
         if type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID:
             raise InvalidArgument(f"queue_id must be an int in 0..{MAX_QUEUE_ID}, not {qid!r}")
+        flags = msg.flags
+        if type(flags) is not int or not 0 <= flags <= 0xFFFF:
+            raise InvalidArgument(f"flags must be an int in 0..65535, not {flags!r}")
+        born = msg.born_timestamp_ms
+        if type(born) is not int or born < 0:
+            raise InvalidArgument(f"born_timestamp_ms must be a non-negative int, not {born!r}")
         props = msg.properties
+        if not isinstance(props, dict):
+            raise InvalidArgument(f"properties must be a dict, not {type(props).__name__}")
         mid = props.get(PROP_MESSAGE_ID)
         if not mid:
             mid = new_id()
             props = {**props, PROP_MESSAGE_ID: mid}
-        props_b = encode_properties(props)
-        flags = msg.flags
-        if type(flags) is not int or not 0 <= flags <= 0xFFFF:
-            raise InvalidArgument(f"flags must be an int in 0..65535, not {flags!r}")
+        return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
+
+    def _write(self, p: _Prepared) -> AppendResult:
+        topic, tb, body, qid, flags, born, props, props_b, mid = p
         key = (topic, qid)
         cq = self.queues.get(key)
         if cq is None:
@@ -289,10 +320,9 @@ class MessageStore:
             )
         qoff = cq.max_offset
         store_ms = time.time_ns() // 1_000_000
-        born = msg.born_timestamp_ms
-        if type(born) is not int or born < 0:
-            raise InvalidArgument(f"born_timestamp_ms must be a non-negative int, not {born!r}")
-        phys, size = self.log.append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
+        phys, size = self.log.append(
+            tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
+        )
         dispatch(cq, self.index, props, phys, size, qoff, store_ms)
         self._dirty_queues.add(cq)
         return AppendResult(topic, qid, qoff, phys, size, mid, store_ms)
@@ -313,23 +343,13 @@ class MessageStore:
 
     async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
         """Append several messages; every one is validated before any is written."""
-        for m in msgs:
-            if not isinstance(m, Message):
-                raise InvalidArgument(f"expected Message, got {type(m).__name__}")
-            self._prevalidate(m)
-        out = [self.append_nowait(m) for m in msgs]
+        self._check_open()
+        prepared = [self._prepare(m) for m in msgs]
+        out = [self._write(p) for p in prepared]
         if self._sync and out:
             assert self._committer is not None
             await self._committer.wait_durable()
         return out
-
-    def _prevalidate(self, m: Message) -> None:
-        validate_topic(m.topic)
-        if not isinstance(m.body, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"body must be bytes, not {type(m.body).__name__}")
-        if len(m.body) > self._max_body:
-            raise MessageTooLarge(f"message body is {len(m.body)} bytes; limit {self._max_body}")
-        encode_properties(m.properties)
 
     # --- read -----------------------------------------------------------------------------
 
