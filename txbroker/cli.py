@@ -31,6 +31,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _bench_store(args: argparse.Namespace) -> int:
     from txbroker.bench.store_bench import bench_store, format_result, summarize
     from txbroker.store import FlushMode
@@ -52,6 +59,29 @@ def _bench_store(args: argparse.Namespace) -> int:
         )
     summary = summarize(results)
     print(json.dumps(summary) if args.json else format_result(summary))
+    return 0
+
+
+def _bench_recovery(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from txbroker.bench.recovery_bench import bench_recovery
+
+    if not args.json:
+        print(f"filling a store to {args.log_mib} MiB, then kill -9 ...", file=sys.stderr)
+    res = _run(
+        bench_recovery(args.log_mib * 1024 * 1024, Path(args.data_dir) if args.data_dir else None)
+    )
+    if args.json:
+        print(json.dumps(asdict(res)))
+    else:
+        print(
+            f"recovery bench: log {res.log_bytes / 2**20:,.0f} MiB, {res.records:,} records\n"
+            f"  reopen after kill -9       {res.reopen_after_kill_s:6.2f} s"
+            f"  ({res.replayed_after_kill:,} records replayed from the checkpoint)\n"
+            f"  reopen with no checkpoint  {res.full_replay_s:6.2f} s"
+            f"  ({res.replayed_full:,} records verified and replayed)"
+        )
     return 0
 
 
@@ -80,13 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench", required=True)
     bs = bsub.add_parser("store", help="message store append throughput and latency")
     bs.add_argument("--messages", type=_positive, default=200_000)
-    bs.add_argument("--size", type=int, default=1024, help="body bytes per message")
+    bs.add_argument("--size", type=_non_negative, default=1024, help="body bytes per message")
     bs.add_argument("--flush", choices=["sync", "async"], default="sync")
     bs.add_argument("--appenders", type=_positive, default=64)
     bs.add_argument("--runs", type=_positive, default=3, help="report the median of this many")
     bs.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
     bs.add_argument("--json", action="store_true", help="print one JSON object")
     bs.set_defaults(func=_bench_store)
+    br = bsub.add_parser("recovery", help="reopen time after kill -9 with a large log")
+    br.add_argument("--log-mib", type=_positive, default=1024, help="log size to fill (MiB)")
+    br.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
+    br.add_argument("--json", action="store_true")
+    br.set_defaults(func=_bench_recovery)
     return p
 
 

@@ -14,8 +14,8 @@ from txbroker.errors import InvalidName
 
 __all__ = ["MAX_NAME_BYTES", "SYSTEM_PREFIX", "is_system_topic", "validate_topic"]
 
-# 127 bytes: fits the record's u8-sized slot with room to spare and every filesystem's 255-byte
-# file-name limit; RocketMQ uses the same bound for topic names.
+# 127 bytes: well inside every file system's 255-byte file-name limit (names become directory
+# names); RocketMQ uses the same bound for topic names.
 MAX_NAME_BYTES: Final = 127
 SYSTEM_PREFIX: Final = "%"
 

@@ -196,3 +196,24 @@ async def _run_model(base: Path, ops: list[tuple[object, ...]]) -> None:
                 assert [m.body for m in found] == [body]
     finally:
         await store.close()
+
+
+async def test_operator_can_choose_to_truncate_damage(tmp_path: Path) -> None:
+    base = tmp_path / "s"
+    store = await MessageStore.open(small_config(base))
+    first = await store.append(Message("t", b"first record"))
+    second = await store.append(Message("t", b"second record"))
+    await store.close()
+    assert second.physical_offset > first.physical_offset  # the valid record after the damage
+    (base / CHECKPOINT_FILE).unlink()
+    (base / ABORT_FILE).touch()
+    _poke(_segment0(base), first.physical_offset + 60, b"X")
+    with pytest.raises(CorruptLog):
+        await MessageStore.open(small_config(base))
+    store = await MessageStore.open(small_config(base, truncate_damaged_tail=True))
+    try:
+        assert store.recovery is not None and store.recovery.dropped_after_damage
+        assert store.write_offset == first.physical_offset
+        assert store.queue_range("t", 0) == (0, 0)
+    finally:
+        await store.close()

@@ -284,3 +284,35 @@ async def test_async_mode_flushes_on_its_interval(open_store: OpenStore) -> None
             break
         await asyncio.sleep(0.01)
     assert store.flushed_offset == store.write_offset
+
+
+async def test_retention_survives_a_restart(tmp_path: Path, open_store: OpenStore) -> None:
+    data = tmp_path / "store"
+    store = await open_store(data, retention_bytes=512 * 1024, retention_ms=None)
+    for i in range(40):
+        await store.append(Message("t", str(i).encode().ljust(50_000, b"z")))
+    await store.enforce_retention()
+    lo = store.queue_range("t", 0)[0]
+    await store.close()
+    store = await open_store(data, retention_bytes=512 * 1024, retention_ms=None)
+    assert store.queue_range("t", 0) == (lo, 40)
+    got = await store.get_messages("t", 0, 0, max_count=100)
+    assert [int(m.body.rstrip(b"z")) for m in got.messages] == list(range(lo, 40))
+
+
+async def test_reading_past_the_end_is_not_found(open_store: OpenStore) -> None:
+    store = await open_store()
+    store.append_nowait(Message("t", b"buffered, not yet flushed"))
+    with pytest.raises(NotFound):
+        await store.read(store.write_offset + 100)
+
+
+async def test_sync_mode_consumers_only_see_durable_records(open_store: OpenStore) -> None:
+    store = await open_store()
+    await store.append(Message("t", b"durable"))
+    store.append_nowait(Message("t", b"not yet"))  # written to the buffer, no fsync awaited
+    got = await store.get_messages("t", 0, 0)
+    assert [m.body for m in got.messages] == [b"durable"] and got.next_offset == 1
+    await store.durable()
+    got = await store.get_messages("t", 0, 1)
+    assert [m.body for m in got.messages] == [b"not yet"]

@@ -5,7 +5,7 @@ offset, so the name alone places a file in the log. The log's physical offset sp
 contiguous: segment N+1 starts where segment N ends, whatever the files' sizes (a change of the
 configured segment size applies to new segments only).
 
-Only the event-loop thread appends; the flusher thread only calls ``fdatasync``; readers in
+Only the event-loop thread appends; the syncer process only calls ``fdatasync``; readers in
 worker threads use ``pread`` on files they have retained. So the write path needs no lock.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import errno
 import logging
 import os
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from txbroker.errors import CorruptLog, InvalidOffset, NotFound, StoreFailed
-from txbroker.store.mapped import MappedFile, fsync_dir
+from txbroker.store.mapped import MappedFile, fsync_dir, remove_temporaries
 from txbroker.store.record import (
     HEADER,
     MAGIC_BLANK,
@@ -59,6 +60,33 @@ class ScanEnd(NamedTuple):
     reason: str | None  # None: clean end of data; else why the record at ``end`` is invalid
 
 
+def _data_ranges(seg: MappedFile, start: int) -> Iterator[tuple[int, int]]:
+    """Ranges [lo, hi) from ``start`` on that may hold non-zero bytes. The file system reports
+    never-written (preallocated) ranges as holes, so a mostly empty segment is not read."""
+    pos = start
+    while pos < seg.size:
+        try:
+            lo = os.lseek(seg.fd, pos, os.SEEK_DATA)
+            hi = os.lseek(seg.fd, lo, os.SEEK_HOLE)
+        except OSError:  # ENXIO: no data past pos (or SEEK_DATA unsupported: see below)
+            if pos == start and not _seek_data_works(seg):
+                yield (start, seg.size)
+            return
+        lo, hi = max(lo, start), min(hi, seg.size)
+        if lo >= hi:
+            return
+        yield (lo, hi)
+        pos = hi
+
+
+def _seek_data_works(seg: MappedFile) -> bool:
+    try:
+        os.lseek(seg.fd, 0, os.SEEK_DATA)
+    except OSError as e:
+        return e.errno == errno.ENXIO  # "no data at all" is a real answer
+    return True
+
+
 class CommitLog:
     def __init__(self, directory: Path, segment_bytes: int, *, buffered: bool = False) -> None:
         self.dir = directory
@@ -69,6 +97,7 @@ class CommitLog:
         self.buffered = buffered
         self._buf = bytearray()
         self._buf_start = 0  # physical offset of _buf[0]
+        self.records = 0  # appended since open (statistics)
         self.segments: list[MappedFile] = []
         self._bases: list[int] = []
         self.write_pos = 0  # next physical offset to write; valid once recovered
@@ -79,6 +108,7 @@ class CommitLog:
 
     def load(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.dir)
         names = sorted(p for p in self.dir.iterdir() if p.name.isdigit())
         for p in names:
             if len(p.name) != NAME_DIGITS:
@@ -164,6 +194,7 @@ class CommitLog:
         else:
             os.pwrite(active.fd, data, phys - active.base)
         self.write_pos = phys + size
+        self.records += 1
         return phys, size
 
     def write_buffer(self) -> None:
@@ -178,6 +209,8 @@ class CommitLog:
 
     def read_inline(self, phys: int) -> bytes:
         """Read one record's bytes from the mapping (call only for recently written data)."""
+        if phys >= self.write_pos:
+            raise NotFound(f"physical offset {phys} is past the end of the log ({self.write_pos})")
         if phys >= self._buf_start and self._buf:
             rel = phys - self._buf_start
             total, magic = SIZE_MAGIC.unpack_from(self._buf, rel)
@@ -257,16 +290,18 @@ class CommitLog:
 
     def find_valid_after(self, pos: int) -> int | None:
         """The offset of a valid record after ``pos``, if any: tells mid-log corruption from a
-        torn tail. Only runs once an invalid record was found, so its cost is off the hot path."""
+        torn tail. Runs only in recovery; unwritten ranges are skipped with SEEK_DATA instead of
+        being read, so an empty preallocated tail costs nothing."""
         i = bisect.bisect_right(self._bases, pos) - 1
         while i < len(self.segments):
             seg = self.segments[i]
-            rel = max(pos - seg.base + 1, 0)
-            while (hit := seg.mm.find(_MAGIC_BYTES, rel)) != -1:
-                start = hit - 4
-                if start >= 0 and check_record(seg.mm, start) is None:
-                    return seg.base + start
-                rel = hit + 1
+            for lo, hi in _data_ranges(seg, max(pos - seg.base + 1, 0)):
+                rel = lo
+                while (hit := seg.mm.find(_MAGIC_BYTES, rel, hi)) != -1:
+                    start = hit - 4
+                    if start >= 0 and check_record(seg.mm, start) is None:
+                        return seg.base + start
+                    rel = hit + 1
             i += 1
         return None
 
@@ -279,15 +314,14 @@ class CommitLog:
         seg = self.segment_for_end(end)
         cleared = 0
         if clear_tail:
-            rel = end - seg.base
             chunk = len(_ZERO_CHUNK)
-            while rel < seg.size:
-                n = min(chunk, seg.size - rel)
-                zeros = seg.mm[rel : rel + n].count(0)
-                if zeros != n:
-                    cleared += n - zeros
-                    seg.mm[rel : rel + n] = _ZERO_CHUNK[:n]
-                rel += n
+            for lo, hi in _data_ranges(seg, end - seg.base):
+                for rel in range(lo, hi, chunk):
+                    n = min(chunk, hi - rel)
+                    zeros = seg.mm[rel : rel + n].count(0)
+                    if zeros != n:
+                        cleared += n - zeros
+                        seg.mm[rel : rel + n] = _ZERO_CHUNK[:n]
             seg.sync()
         dropped = False
         while self.segments[-1] is not seg:

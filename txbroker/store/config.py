@@ -44,6 +44,9 @@ class StoreConfig:
     # Reads of the newest bytes come from the mapping on the event loop (they are in the page
     # cache: just written); older reads go to a worker thread so a disk read never stalls it.
     hot_read_bytes: int = 64 * MiB
+    # When recovery finds damage followed by valid records it refuses to open (the records after
+    # it may have been acknowledged). An operator who accepts losing them sets this to truncate.
+    truncate_damaged_tail: bool = False
 
     def __post_init__(self) -> None:
         largest = HEADER.size + MAX_TOPIC_BYTES + MAX_PROPERTIES_BYTES + self.max_body_bytes

@@ -24,7 +24,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
-from txbroker.store.mapped import MappedFile
+from txbroker.errors import CorruptLog
+from txbroker.store.mapped import MappedFile, remove_temporaries
 
 __all__ = ["CQ_ENTRY", "ConsumeQueue", "tag_hash"]
 
@@ -46,6 +47,7 @@ def tag_hash(tag: str | None) -> int:
 class ConsumeQueue:
     __slots__ = (
         "_bases",
+        "_synced",
         "dir",
         "files",
         "max_offset",
@@ -64,10 +66,14 @@ class ConsumeQueue:
         self._bases: list[int] = []
         self.min_offset = 0  # first queue offset still readable
         self.max_offset = 0  # next queue offset to be written
+        self._synced = 0  # entries before this are known durable
 
     def load(self) -> None:
+        """Open the queue's files. Raises CorruptLog if they do not tile the offset space
+        (a file was deleted): recovery then rebuilds the queue from the commit log."""
         if not self.dir.exists():
             return
+        remove_temporaries(self.dir)
         for p in sorted(self.dir.iterdir()):
             if p.name.isdigit() and len(p.name) == NAME_DIGITS:
                 f = MappedFile.open(p, int(p.name))
@@ -75,8 +81,12 @@ class ConsumeQueue:
                 self._bases.append(f.base)
         if not self.files:
             return
+        for a, b in zip(self.files, self.files[1:], strict=False):
+            if a.base + a.size // CQ_ENTRY.size != b.base:
+                raise CorruptLog(f"consume queue {self.dir} is missing entries {a.base}..{b.base}")
         self.min_offset = self.files[0].base
         self.max_offset = self._find_end()
+        self._synced = self.max_offset
 
     def _find_end(self, hint: int | None = None) -> int:
         """First unwritten entry of the last file. Entries are written in order, so the written
@@ -90,9 +100,12 @@ class ConsumeQueue:
 
         if hint is not None and last.base <= hint <= last.base + n:
             i = hint - last.base
-            while i < n and written(i):
-                i += 1
-            return last.base + i
+            # The entry before the hint must be written, else the file is shorter than the
+            # checkpoint says: fall through to the search, and recovery will rebuild.
+            if i == 0 or written(i - 1):
+                while i < n and written(i):
+                    i += 1
+                return last.base + i
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
@@ -241,9 +254,13 @@ class ConsumeQueue:
         return e
 
     def sync(self, *, everything: bool = False) -> None:
-        # Appends only touch the tail; a rebuild after recovery touches them all.
-        for f in self.files if everything else self.files[-2:]:
-            f.sync()
+        """fdatasync every file written since the last sync (all files with ``everything``,
+        after a rebuild). Runs in the durable-work thread; ``upto`` is read once, first."""
+        upto = self.max_offset
+        for f in list(self.files):
+            if everything or f.base + f.size // CQ_ENTRY.size > self._synced:
+                f.sync()
+        self._synced = upto
 
     def close(self) -> None:
         for f in self.files:

@@ -37,6 +37,8 @@ class GroupCommitter:
         self._waiters: list[asyncio.Future[None]] = []
         self._inflight_waiters: list[asyncio.Future[None]] = []
         self._inflight_target = 0
+        self._inflight_records = 0
+        self._records_flushed = 0
         self._inflight_seqs: set[int] = set()
         self._inflight_error: str | None = None
         self._group_open = False  # a group of syncs is in flight
@@ -94,11 +96,13 @@ class GroupCommitter:
         target = self._log.write_pos
         waiters, self._waiters = self._waiters, []
         if target <= self.flushed:
+            self._records_flushed = self._log.records
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
             return
         self._inflight_target = target
+        self._inflight_records = self._log.records
         self._inflight_waiters = waiters
         self._inflight_error = None
         self._idle.clear()
@@ -147,7 +151,8 @@ class GroupCommitter:
             return
         self.flushed = max(self.flushed, self._inflight_target)
         self.fsync_count += 1
-        self.fsync_records += len(waiters)
+        self.fsync_records += self._inflight_records - self._records_flushed
+        self._records_flushed = self._inflight_records
         if len(self.fsync_seconds) < 1_000_000:
             self.fsync_seconds.append(time.perf_counter() - self._t_start)
         for w in waiters:
@@ -157,6 +162,13 @@ class GroupCommitter:
             self._start()
         if not self._group_open:
             self._idle.set()
+
+    def poison(self, failure: StoreFailed) -> None:
+        """Fail every waiter and refuse further syncs (the store hit an unrecoverable error)."""
+        if self.failure is None:
+            self.failure = failure
+            log.error("%s", failure)
+        self._fail(str(failure))
 
     def _fail(self, why: str, waiters: list[asyncio.Future[None]] | None = None) -> None:
         if self.failure is None:

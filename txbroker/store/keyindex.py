@@ -38,7 +38,7 @@ from typing import Final
 import google_crc32c
 
 from txbroker.errors import CorruptLog
-from txbroker.store.mapped import MappedFile
+from txbroker.store.mapped import MappedFile, remove_temporaries
 
 __all__ = ["IndexFile", "KeyIndex", "KeyKind"]
 
@@ -197,9 +197,11 @@ class KeyIndex:
         self.slot_count = slots
         self.capacity = capacity
         self.files: list[IndexFile] = []
+        self._unsynced: list[IndexFile] = []  # filled files not yet made durable
 
     def load(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.dir)
         for p in sorted(self.dir.iterdir()):
             if p.name.isdigit() and len(p.name) == NAME_DIGITS:
                 self.files.append(IndexFile(MappedFile.open(p, int(p.name))))
@@ -209,6 +211,7 @@ class KeyIndex:
         if not files or files[-1].full:
             if files:
                 files[-1].write_header()
+                self._unsynced.append(files[-1])
             path = self.dir / f"{phys:0{NAME_DIGITS}d}"
             if path.exists():  # same start offset: a replay re-indexing this record
                 path.unlink()
@@ -227,10 +230,17 @@ class KeyIndex:
                 break
         return out
 
-    def sync(self) -> None:
-        if self.files:
-            self.files[-1].write_header()
-            self.files[-1].f.sync()
+    def sync(self, *, everything: bool = False) -> None:
+        """fdatasync the active file and any that filled up since the last sync."""
+        full, self._unsynced = self._unsynced, []
+        targets = self.files if everything else [*full, *self.files[-1:]]
+        for f in targets:
+            f.write_header()
+            if f.f.retain():
+                try:
+                    f.f.sync()
+                finally:
+                    f.f.release()
 
     def state(self) -> tuple[int, int]:
         """(base of the active file, its entry count): what a checkpoint records."""

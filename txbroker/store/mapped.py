@@ -2,9 +2,9 @@
 
 Commit-log segments, consume-queue files and key-index files are all one of these. Space is
 reserved up front with ``posix_fallocate`` so a full disk fails loudly at creation instead of
-with SIGBUS on a later write into a sparse mapping. Appends are memory copies into the mapping
-(no syscall); durability comes from ``fdatasync`` on the same file, which covers pages dirtied
-through the mapping.
+with SIGBUS on a later write into a sparse mapping. Queue and index entries are written through
+the mapping; commit-log records are written with ``pwrite`` (see commitlog.py) and read through
+the mapping. Either way ``fdatasync`` on the file covers them: the page cache is shared.
 
 Files are reference counted so that retention never unmaps a file another thread is reading.
 """
@@ -18,7 +18,16 @@ from pathlib import Path
 
 from txbroker.errors import StoreFailed
 
-__all__ = ["MappedFile", "fsync_dir"]
+__all__ = ["TMP_SUFFIX", "MappedFile", "fsync_dir", "remove_temporaries"]
+
+TMP_SUFFIX = ".tmp"
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Delete files a crash left half-created (see :meth:`MappedFile.create`)."""
+    if directory.exists():
+        for p in directory.glob("*" + TMP_SUFFIX):
+            p.unlink(missing_ok=True)
 
 
 def fsync_dir(path: Path) -> None:
@@ -58,13 +67,17 @@ class MappedFile:
 
     @classmethod
     def create(cls, path: Path, base: int, size: int) -> MappedFile:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        """Create, reserve and map a file. It is built under a temporary name and renamed into
+        place, so a crash mid-creation never leaves a short file under a real name."""
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.posix_fallocate(fd, 0, size)
+            os.rename(tmp, path)
         except OSError as e:
             os.close(fd)
-            path.unlink(missing_ok=True)
-            raise StoreFailed(f"cannot reserve {size} bytes for {path}: {e}") from e
+            tmp.unlink(missing_ok=True)
+            raise StoreFailed(f"cannot create {path} ({size} bytes): {e}") from e
         fsync_dir(path.parent)
         return cls(path, base, fd, size)
 

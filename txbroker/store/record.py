@@ -19,8 +19,9 @@ A record is a fixed 56-byte header followed by three variable parts::
 
 All integers are little-endian. ``total_size == 56 + topic_len + props_len + body_len`` always;
 the redundancy is a second check beside the CRC. A record never spans segments: when the next
-one does not fit, a BLANK record (size + magic only, no CRC) fills the segment's remainder, and
-if fewer than ``HEADER.size`` bytes remain, the remainder is left zero and means the same.
+one does not fit, a BLANK record (size + magic only, no CRC) fills the segment's remainder; if
+fewer than 8 bytes remain there is no room for it, and readers treat any remainder smaller than
+a header as the end of the segment.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ class RecoveryReport:
     torn_reason: str | None = None
     queues_rebuilt: list[str] = field(default_factory=list)
     index_rebuilt: bool = False
+    dropped_after_damage: bool = False
     seconds: float = 0.0
     phase: Phase = Phase.LOAD
 
@@ -106,7 +107,14 @@ def load_queues(root: Path, per_file: int) -> dict[tuple[str, int], ConsumeQueue
         for qdir in sorted(tdir.iterdir()):
             if qdir.is_dir() and qdir.name.isdigit():
                 cq = ConsumeQueue(root, tdir.name, int(qdir.name), per_file)
-                cq.load()
+                try:
+                    cq.load()
+                except CorruptLog as e:
+                    # Derived data: drop it, and the checkpoint comparison rebuilds it.
+                    log.warning("%s; rebuilding it from the commit log", e)
+                    cq.close()
+                    shutil.rmtree(qdir)
+                    continue
                 queues[(tdir.name, int(qdir.name))] = cq
     return queues
 
@@ -119,6 +127,7 @@ def recover(
     cq_root: Path,
     cq_per_file: int,
     abnormal: bool,
+    truncate_damage: bool = False,
 ) -> RecoveryReport:
     t0 = time.perf_counter()
     rep = RecoveryReport(abnormal=abnormal)
@@ -205,11 +214,21 @@ def recover(
                 f"checkpoint recorded as durable (up to {p}): the disk or a tool damaged it"
             )
         later = commitlog.find_valid_after(end)
-        if later is not None:
+        if later is not None and truncate_damage:
+            log.error(
+                "commit log damaged at offset %d (%s); truncating as configured, dropping the "
+                "records from there on, the first valid one at %d",
+                end,
+                reason or "unwritten hole",
+                later,
+            )
+            rep.dropped_after_damage = True
+        elif later is not None:
             raise CorruptLog(
                 f"commit log is damaged at offset {end} ({reason or 'unwritten hole'}) but a valid "
-                f"record follows at offset {later}: refusing to drop acknowledged data; restore "
-                "the segment from a replica or backup, or truncate it by hand"
+                f"record follows at offset {later}: refusing to drop possibly acknowledged data. "
+                "Restore the segment from a backup, or reopen with truncate_damaged_tail=True "
+                "(txbroker serve --repair-truncate) to drop everything from the damage on"
             )
         rep.torn_bytes_cleared = commitlog.truncate(end, clear_tail=True)
         for cq in queues.values():

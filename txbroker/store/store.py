@@ -48,7 +48,7 @@ from txbroker.store.config import FlushMode, StoreConfig
 from txbroker.store.consumequeue import ConsumeQueue, tag_hash
 from txbroker.store.flush import GroupCommitter
 from txbroker.store.keyindex import KeyIndex, KeyKind
-from txbroker.store.mapped import MappedFile
+from txbroker.store.mapped import MappedFile, fsync_dir
 from txbroker.store.record import (
     HEADER,
     MAGIC_MESSAGE,
@@ -184,13 +184,14 @@ class MessageStore:
             self._cq_root,
             self.config.cq_entries_per_file,
             abnormal,
+            self.config.truncate_damaged_tail,
         )
         rep = self.recovery
         if rep.records_replayed or rep.queues_rebuilt or rep.index_rebuilt or abnormal:
             for cq in self.queues.values():
-                cq.sync(everything=bool(rep.queues_rebuilt))
+                cq.sync(everything=True)
             self.log.sync_all()
-            self.index.sync()
+            self.index.sync(everything=True)
             log.info(
                 "recovered %s: %d records replayed from offset %d in %.2fs",
                 self.dir,
@@ -198,6 +199,13 @@ class MessageStore:
                 rep.replay_from,
                 rep.seconds,
             )
+        # Retention may have deleted segments whose queue entries are still on disk: move each
+        # queue's minimum past them, and drop files that only point into them.
+        dead: list[MappedFile] = []
+        for cq in self.queues.values():
+            dead.extend(cq.drop_before_phys(self.log.min_offset))
+        dead.extend(self.index.drop_before_phys(self.log.min_offset))
+        _unlink_all(dead)
         write_checkpoint(self.dir, self._checkpoint_now())
         self._marker.set()
 
@@ -311,6 +319,20 @@ class MessageStore:
         return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
 
     def _write(self, p: _Prepared) -> AppendResult:
+        try:
+            return self._write_unguarded(p)
+        except (OSError, StoreFailed) as e:
+            # The record may be half in the log and not in its queue: nothing can be undone
+            # safely in place, so stop appending; reopening recovers a consistent state.
+            failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
+            if failure is not e:
+                failure.__cause__ = e
+            assert self._committer is not None
+            self._committer.poison(failure)
+            self._transition(StoreState.FAILED)
+            raise failure from None
+
+    def _write_unguarded(self, p: _Prepared) -> AppendResult:
         topic, tb, body, qid, flags, born, props, props_b, mid = p
         key = (topic, qid)
         cq = self.queues.get(key)
@@ -392,6 +414,11 @@ class MessageStore:
             return GetResult([], offset, 0, 0)
         hashes = {tag_hash(t) for t in tags} if tags is not None else None
         entries, next_off = cq.read(offset, max_count, hashes)
+        limit = self.readable_offset
+        for i, e in enumerate(entries):
+            if e[1] >= limit:  # not durable yet: a consumer must not act on it
+                entries, next_off = entries[:i], e[0]
+                break
         if not entries:
             return GetResult([], max(next_off, cq.min_offset), cq.min_offset, cq.max_offset)
         if all(self._is_hot(e[1]) for e in entries):
@@ -499,6 +526,8 @@ class MessageStore:
         freed = sum(f.size for f in dead)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, _unlink_all, dead)
+        if self._state is StoreState.OPEN:
+            await self.checkpoint()  # records the new log start; also syncs the directories
         return RetentionReport(segments, freed, log_min)
 
     async def _housekeeping(self) -> None:
@@ -536,6 +565,14 @@ class MessageStore:
         return self.log.write_pos
 
     @property
+    def readable_offset(self) -> int:
+        """Consumers see records below this: in sync mode only durable ones, so no consumer
+        ever acts on a record a power loss could still take back; in async mode all."""
+        if self._sync:
+            return self._committer.flushed if self._committer else 0
+        return self.log.write_pos
+
+    @property
     def flushed_offset(self) -> int:
         return self._committer.flushed if self._committer else 0
 
@@ -564,3 +601,6 @@ def _newest_ms(seg: MappedFile, successor: MappedFile) -> int | None:
 def _unlink_all(files: list[MappedFile]) -> None:
     for f in files:
         f.close(unlink=True)
+    for d in {f.path.parent for f in files}:
+        if d.exists():
+            fsync_dir(d)

@@ -1,0 +1,74 @@
+"""The command line, run as a user runs it: a real process, real output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _txbroker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txbroker.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_bench_store_prints_json_figures(tmp_path: Path) -> None:
+    out = _txbroker(
+        "bench",
+        "store",
+        "--messages",
+        "2000",
+        "--appenders",
+        "8",
+        "--runs",
+        "2",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    med = summary["median"]
+    assert summary["runs"] == 2 and med["messages"] == 2000
+    assert med["msgs_per_s"] > 0 and med["raw_msgs_per_s"] > 0
+    assert med["fsyncs"] > 0 and med["records_per_fsync"] >= 1
+    assert 0 < med["append_p50_us"] <= med["append_p99_us"] <= med["append_p999_us"]
+    assert list(tmp_path.iterdir()) == []  # the bench cleans up after itself
+
+
+def test_bench_store_human_output(tmp_path: Path) -> None:
+    out = _txbroker(
+        "bench",
+        "store",
+        "--messages",
+        "1000",
+        "--flush",
+        "async",
+        "--runs",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "msgs/s" in out.stdout and "raw ceiling" in out.stdout
+
+
+def test_bench_recovery_small(tmp_path: Path) -> None:
+    out = _txbroker("bench", "recovery", "--log-mib", "8", "--data-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["log_bytes"] >= 8 * 1024 * 1024
+    assert res["replayed_full"] == res["records"] > 7000
+
+
+def test_bad_arguments_are_refused() -> None:
+    out = _txbroker("bench", "store", "--size", "-1")
+    assert out.returncode == 2 and "must be >= 0" in out.stderr
