@@ -295,7 +295,6 @@ class MessageStore:
             if not isinstance(body, bytearray | memoryview):
                 raise InvalidArgument(f"body must be bytes, not {type(body).__name__}")
             body = bytes(body)
-        assert isinstance(body, bytes)
         if len(body) > self._max_body:
             raise MessageTooLarge(
                 f"message body is {len(body)} bytes; the limit is {self._max_body}"
@@ -319,11 +318,23 @@ class MessageStore:
         return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
 
     def _write(self, p: _Prepared) -> AppendResult:
+        topic, tb, body, qid, flags, born, props, props_b, mid = p
         try:
-            return self._write_unguarded(p)
+            key = (topic, qid)
+            cq = self.queues.get(key)
+            if cq is None:
+                cq = self.queues[key] = ConsumeQueue(
+                    self._cq_root, topic, qid, self.config.cq_entries_per_file
+                )
+            qoff = cq.max_offset
+            store_ms = time.time_ns() // 1_000_000
+            phys, size = self.log.append(
+                tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
+            )
+            dispatch(cq, self.index, props, phys, size, qoff, store_ms)
         except (OSError, StoreFailed) as e:
-            # The record may be half in the log and not in its queue: nothing can be undone
-            # safely in place, so stop appending; reopening recovers a consistent state.
+            # The record may be in the log and not in its queue: nothing can be undone safely
+            # in place, so stop appending; reopening recovers a consistent state.
             failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
             if failure is not e:
                 failure.__cause__ = e
@@ -331,21 +342,6 @@ class MessageStore:
             self._committer.poison(failure)
             self._transition(StoreState.FAILED)
             raise failure from None
-
-    def _write_unguarded(self, p: _Prepared) -> AppendResult:
-        topic, tb, body, qid, flags, born, props, props_b, mid = p
-        key = (topic, qid)
-        cq = self.queues.get(key)
-        if cq is None:
-            cq = self.queues[key] = ConsumeQueue(
-                self._cq_root, topic, qid, self.config.cq_entries_per_file
-            )
-        qoff = cq.max_offset
-        store_ms = time.time_ns() // 1_000_000
-        phys, size = self.log.append(
-            tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
-        )
-        dispatch(cq, self.index, props, phys, size, qoff, store_ms)
         self._dirty_queues.add(cq)
         return AppendResult(topic, qid, qoff, phys, size, mid, store_ms)
 
