@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import filecmp
+import os
 import shutil
 import time
 from pathlib import Path
@@ -316,3 +317,19 @@ async def test_sync_mode_consumers_only_see_durable_records(open_store: OpenStor
     await store.durable()
     got = await store.get_messages("t", 0, 1)
     assert [m.body for m in got.messages] == [b"not yet"]
+
+
+async def test_empty_and_maximum_bodies_at_default_limits(open_store: OpenStore) -> None:
+    from txbroker.store import MAX_BODY_BYTES
+
+    store = await open_store(segment_bytes=9 * 1024 * 1024, max_body_bytes=MAX_BODY_BYTES)
+    big = os.urandom(MAX_BODY_BYTES)
+    results = await store.append_batch(
+        [Message("t", b""), Message("t", big), Message("t", big[:1]), Message("t", big)]
+    )
+    for res, body in zip(results, [b"", big, big[:1], big], strict=True):
+        assert (await store.read(res.physical_offset)).body == body
+    with pytest.raises(MessageTooLarge):
+        await store.append(Message("t", big + b"!"))
+    got = await store.get_messages("t", 0, 0, max_count=10)
+    assert [len(m.body) for m in got.messages] == [0, MAX_BODY_BYTES, 1, MAX_BODY_BYTES]
