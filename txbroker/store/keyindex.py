@@ -147,7 +147,11 @@ class IndexFile:
         mm = self.f.mm
         (number,) = SLOT.unpack_from(mm, INDEX_HEADER.size + (h % self.slots) * SLOT.size)
         out: list[int] = []
-        while number and len(out) < limit:
+        # Chains mix keys that share a slot (about two per slot at capacity); bound the walk so
+        # a pathological slot costs a bounded amount per lookup, not a scan of the file.
+        steps = limit * 64 + 1024
+        while number and len(out) < limit and steps:
+            steps -= 1
             if number > self.count:
                 break  # a link past the trusted count: stale after a crash, ignore
             eh, phys, prev, _ = INDEX_ENTRY.unpack_from(mm, self._entry_pos(number))
