@@ -148,15 +148,6 @@ class ConsumeQueue:
         if qoff >= self.max_offset:
             self.max_offset = qoff + 1
 
-    def entry(self, qoff: int) -> tuple[int, int, int] | None:
-        if not (self.min_offset <= qoff < self.max_offset):
-            return None
-        f = self._file_for_read(qoff)
-        if f is None:
-            return None
-        e: tuple[int, int, int] = CQ_ENTRY.unpack_from(f.mm, (qoff - f.base) * CQ_ENTRY.size)
-        return e if e[1] else None
-
     def _file_for_read(self, qoff: int) -> MappedFile | None:
         i = bisect.bisect_right(self._bases, qoff) - 1
         return self.files[i] if i >= 0 else None
