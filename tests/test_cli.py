@@ -72,3 +72,23 @@ def test_bench_recovery_small(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused() -> None:
     out = _txbroker("bench", "store", "--size", "-1")
     assert out.returncode == 2 and "must be >= 0" in out.stderr
+
+
+def test_bench_disk(tmp_path: Path) -> None:
+    out = _txbroker(
+        "bench",
+        "disk",
+        "--batch",
+        "8",
+        "64",
+        "--records",
+        "2000",
+        "--runs",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert set(res) == {"8", "64"} and all(v > 0 for v in res.values())

@@ -85,6 +85,19 @@ def _bench_recovery(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_disk(args: argparse.Namespace) -> int:
+    from txbroker.bench.store_bench import bench_disk
+
+    root = Path(args.data_dir) if args.data_dir else None
+    res = bench_disk(args.batch, args.record_bytes, args.records, args.runs, root)
+    if args.json:
+        print(json.dumps({str(k): v for k, v in res.items()}))
+    else:
+        for batch, rate in res.items():
+            print(f"write+fdatasync every {batch:>4} records: {rate:>12,.0f} records/s")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -126,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
     bs.add_argument("--json", action="store_true", help="print one JSON object")
     bs.set_defaults(func=_bench_store)
+    bd = bsub.add_parser("disk", help="the disk's write+fdatasync ceiling per batch size")
+    bd.add_argument("--batch", type=_positive, nargs="+", default=[32, 64, 128])
+    bd.add_argument("--record-bytes", type=_positive, default=1104, help="1 KiB body + header")
+    bd.add_argument("--records", type=_positive, default=100_000)
+    bd.add_argument("--runs", type=_positive, default=3)
+    bd.add_argument("--data-dir", help="directory on the disk to measure (default: $TMPDIR)")
+    bd.add_argument("--json", action="store_true")
+    bd.set_defaults(func=_bench_disk)
+
     br = bsub.add_parser("recovery", help="reopen time after kill -9 with a large log")
     br.add_argument("--log-mib", type=_positive, default=1024, help="log size to fill (MiB)")
     br.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")

@@ -177,3 +177,22 @@ def format_result(summary: dict[str, object]) -> str:
         f"(achieved {m['fraction_of_raw'] * 100:.0f}% of it)",
     ]
     return "\n".join(lines)
+
+
+def bench_disk(
+    batches: list[int], record_bytes: int, total: int, runs: int, data_root: Path | None
+) -> dict[int, float]:
+    """The disk's own ceiling: records/s for plain sequential write + fdatasync per batch of
+    ``batch`` records, median of ``runs``. What group commit at that batch size could reach."""
+    root = Path(tempfile.mkdtemp(prefix="txb-disk-", dir=data_root))
+    try:
+        out: dict[int, float] = {}
+        for batch in batches:
+            rates = [
+                total / _raw_ceiling(root, total * record_bytes, batch * record_bytes, True)
+                for _ in range(runs)
+            ]
+            out[batch] = round(statistics.median(rates))
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -11,6 +11,7 @@ and every later append get the error.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import errno as errno_mod
 import logging
@@ -19,14 +20,32 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from txbroker.errors import StoreFailed
 from txbroker.store import syncer
 from txbroker.store.commitlog import CommitLog
 
-__all__ = ["GroupCommitter"]
+__all__ = ["MAX_GROUPS_IN_FLIGHT", "GroupCommitter"]
 
 log = logging.getLogger(__name__)
+
+
+# Two groups in flight: while the syncer runs one fdatasync, the next group's request already
+# waits in its pipe, so it starts the next fdatasync the moment the first ends instead of after
+# a round trip through the (busy) event loop. More than two adds latency and no throughput: the
+# syncer merges whatever requests it reads at once into one fdatasync anyway.
+MAX_GROUPS_IN_FLIGHT = 2
+
+
+@dataclass(slots=True)
+class _Group:
+    target: int  # log offset this group makes durable
+    records: int  # the log's record counter at the start (statistics)
+    waiters: list[asyncio.Future[None]]
+    seqs: set[int] = field(default_factory=set)
+    error: str | None = None
+    t_start: float = 0.0
 
 
 class GroupCommitter:
@@ -35,19 +54,15 @@ class GroupCommitter:
         self._log = commitlog
         self.flushed = commitlog.write_pos  # every byte before this is durable
         self._waiters: list[asyncio.Future[None]] = []
-        self._inflight_waiters: list[asyncio.Future[None]] = []
-        self._inflight_target = 0
-        self._inflight_records = 0
-        self._records_flushed = 0
-        self._inflight_seqs: set[int] = set()
-        self._inflight_error: str | None = None
-        self._group_open = False  # a group of syncs is in flight
-        self._t_start = 0.0
+        self._groups: collections.deque[_Group] = collections.deque()
+        self._scheduled = False
         self._seq = 0
+        self._requested = commitlog.write_pos  # end of the newest group sent
         self.failure: StoreFailed | None = None
         # Statistics for benchmarks and metrics.
         self.fsync_count = 0
         self.fsync_records = 0
+        self._records_flushed = commitlog.records
         self.fsync_seconds: list[float] = []
         self._idle = asyncio.Event()
         self._idle.set()
@@ -74,15 +89,18 @@ class GroupCommitter:
             fut.set_exception(self.failure)
             return fut
         self._waiters.append(fut)
-        if not self._group_open:
-            # Start at once: appends that arrive while this fsync runs form the next group, so
-            # appending (CPU, this process) overlaps with syncing (disk, the syncer).
-            self._start()
+        if not self._groups:
+            self._start()  # idle: sync at once, latency matters more than batching here
+        elif len(self._groups) < MAX_GROUPS_IN_FLIGHT and not self._scheduled:
+            # Busy: start the next group at the end of this loop turn, so every append made in
+            # this turn (the tasks the last fsync woke) shares it.
+            self._scheduled = True
+            self._loop.call_soon(self._start)
         return fut
 
     def request_flush(self) -> None:
         """Flush what is written without anyone waiting (async mode's interval flush)."""
-        if not self._group_open and self._log.write_pos > self.flushed:
+        if not self._groups and self._log.write_pos > self.flushed:
             self._start()
 
     def _send(self, op: int, base: int) -> int:
@@ -91,27 +109,29 @@ class GroupCommitter:
         return self._seq
 
     def _start(self) -> None:
-        if self._group_open or self.failure is not None:
+        self._scheduled = False
+        if len(self._groups) >= MAX_GROUPS_IN_FLIGHT or self.failure is not None:
             return
         target = self._log.write_pos
         waiters, self._waiters = self._waiters, []
-        if target <= self.flushed:
-            self._records_flushed = self._log.records
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        if target <= self._requested:
+            # Nothing new since the newest group: these waiters ride on it (or on nothing).
+            if self._groups:
+                self._groups[-1].waiters.extend(waiters)
+            else:
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
             return
-        self._inflight_target = target
-        self._inflight_records = self._log.records
-        self._inflight_waiters = waiters
-        self._inflight_error = None
+        group = _Group(target, self._log.records, waiters, t_start=time.perf_counter())
+        start = self._requested
+        self._requested = target
+        self._groups.append(group)
         self._idle.clear()
-        self._group_open = True
-        self._t_start = time.perf_counter()
         try:
             self._log.write_buffer()
-            for seg in self._log.segments_between(self.flushed, target):
-                self._inflight_seqs.add(self._send(syncer.OP_SYNC, seg.base))
+            for seg in self._log.segments_between(start, target):
+                group.seqs.add(self._send(syncer.OP_SYNC, seg.base))
         except OSError as e:
             self._fail(f"cannot write or sync the commit log: {e}")
 
@@ -135,33 +155,36 @@ class GroupCommitter:
         n = len(buf) // syncer.RESPONSE.size
         for i in range(n):
             seq, status, err = syncer.RESPONSE.unpack_from(buf, i * syncer.RESPONSE.size)
-            if seq in self._inflight_seqs:
-                self._inflight_seqs.discard(seq)
-                if status:
-                    self._inflight_error = f"fdatasync failed: {errno_mod.errorcode.get(err, err)}"
+            for g in self._groups:
+                if seq in g.seqs:
+                    g.seqs.discard(seq)
+                    if status:
+                        g.error = f"fdatasync failed: {errno_mod.errorcode.get(err, err)}"
+                    break
         self._rbuf = buf[n * syncer.RESPONSE.size :]
-        if self._group_open and not self._inflight_seqs:
-            self._group_open = False
-            self._done()
+        # Groups finish in order: the syncer answers requests in the order it read them.
+        while self._groups and not self._groups[0].seqs:
+            self._done(self._groups.popleft())
+            if self.failure is not None:
+                return
+        if self._waiters and len(self._groups) < MAX_GROUPS_IN_FLIGHT and not self._scheduled:
+            self._start()
+        if not self._groups:
+            self._idle.set()
 
-    def _done(self) -> None:
-        waiters, self._inflight_waiters = self._inflight_waiters, []
-        if self._inflight_error is not None:
-            self._fail(self._inflight_error, waiters)
+    def _done(self, group: _Group) -> None:
+        if group.error is not None:
+            self._fail(group.error, group.waiters)
             return
-        self.flushed = max(self.flushed, self._inflight_target)
+        self.flushed = max(self.flushed, group.target)
         self.fsync_count += 1
-        self.fsync_records += self._inflight_records - self._records_flushed
-        self._records_flushed = self._inflight_records
+        self.fsync_records += max(group.records - self._records_flushed, 0)
+        self._records_flushed = group.records
         if len(self.fsync_seconds) < 1_000_000:
-            self.fsync_seconds.append(time.perf_counter() - self._t_start)
-        for w in waiters:
+            self.fsync_seconds.append(time.perf_counter() - group.t_start)
+        for w in group.waiters:
             if not w.done():
                 w.set_result(None)
-        if self._waiters:
-            self._start()
-        if not self._group_open:
-            self._idle.set()
 
     def poison(self, failure: StoreFailed) -> None:
         """Fail every waiter and refuse further syncs (the store hit an unrecoverable error)."""
@@ -174,10 +197,11 @@ class GroupCommitter:
         if self.failure is None:
             self.failure = StoreFailed(f"{why}; the store stops accepting writes")
             log.error("%s", self.failure)
-        pending = (waiters or []) + self._inflight_waiters + self._waiters
-        self._inflight_waiters, self._waiters = [], []
-        self._inflight_seqs.clear()
-        self._group_open = False
+        pending = list(waiters or []) + self._waiters
+        for g in self._groups:
+            pending.extend(g.waiters)
+        self._groups.clear()
+        self._waiters = []
         for w in pending:
             if not w.done():
                 w.set_exception(self.failure)
@@ -185,8 +209,8 @@ class GroupCommitter:
 
     async def drain(self) -> None:
         """Wait until everything written so far is flushed (or the store has failed)."""
-        while self.failure is None and (self._group_open or self._log.write_pos > self.flushed):
-            if not self._group_open:
+        while self.failure is None and (self._groups or self._log.write_pos > self.flushed):
+            if not self._groups:
                 self._start()
             await self._idle.wait()
 
@@ -204,3 +228,4 @@ class GroupCommitter:
             self._proc.wait()
         self._proc.stdout.close()
         self._pool.shutdown(wait=True)
+
