@@ -8,6 +8,8 @@ The tree, with the behaviour each category carries as class attributes::
     │   ├── MessageTooLarge       body, properties or whole record over its limit
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
+    ├── ProtocolError             malformed stream: the connection is closed
+    │   └── FrameTooLarge         a frame over MAX_FRAME_BYTES
     └── StoreError                the store itself is in trouble
         ├── StoreClosed           the store was closed; reopen it
         ├── StoreFailed           an fsync or write failed; the store refuses further appends
@@ -23,11 +25,13 @@ from typing import ClassVar
 
 __all__ = [
     "CorruptLog",
+    "FrameTooLarge",
     "InvalidArgument",
     "InvalidName",
     "InvalidOffset",
     "MessageTooLarge",
     "NotFound",
+    "ProtocolError",
     "StoreClosed",
     "StoreError",
     "StoreFailed",
@@ -61,6 +65,14 @@ class InvalidOffset(InvalidArgument):
 
 class NotFound(TxbError):
     code = "NOT_FOUND"
+
+
+class ProtocolError(TxbError):
+    code = "PROTOCOL_ERROR"
+
+
+class FrameTooLarge(ProtocolError):
+    code = "FRAME_TOO_LARGE"
 
 
 class StoreError(TxbError):

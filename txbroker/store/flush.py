@@ -228,4 +228,3 @@ class GroupCommitter:
             self._proc.wait()
         self._proc.stdout.close()
         self._pool.shutdown(wait=True)
-
