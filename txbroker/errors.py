@@ -4,6 +4,7 @@ The tree, with the behaviour each category carries as class attributes::
 
     TxbError                      code, retriable
     ├── InvalidArgument           bad input from a caller: fix the call, never retry
+    │   ├── BadRequest            a request body that does not match its schema
     │   ├── InvalidName           topic / group name outside the allowed alphabet or length
     │   ├── MessageTooLarge       body, properties or whole record over its limit
     │   └── InvalidOffset         negative or otherwise impossible offset
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BadRequest",
     "CorruptLog",
     "FrameTooLarge",
     "InvalidArgument",
@@ -49,6 +51,10 @@ class TxbError(Exception):
 
 class InvalidArgument(TxbError):
     code = "INVALID_ARGUMENT"
+
+
+class BadRequest(InvalidArgument):
+    code = "BAD_REQUEST"
 
 
 class InvalidName(InvalidArgument):

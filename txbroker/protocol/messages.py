@@ -1,0 +1,209 @@
+"""Frame bodies: one msgspec Struct per request and response, keyed by opcode.
+
+Bodies are msgpack. Field names are short on purpose only where a field travels with every
+message; the rest favour clarity. Decoding validates types and required fields, so a handler
+never sees a malformed request: :func:`decode_request` raises ``BadRequest`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from txbroker.errors import BadRequest
+from txbroker.protocol.frames import Opcode
+
+__all__ = [
+    "AckRequest",
+    "ErrorBody",
+    "Hello",
+    "HelloOk",
+    "PullRequest",
+    "PullResponse",
+    "PulledMessage",
+    "QueuePosition",
+    "SendBatchRequest",
+    "SendBatchResponse",
+    "SendReceipt",
+    "SendRequest",
+    "TopicCreate",
+    "TopicInfo",
+    "TopicName",
+    "decode_request",
+    "decode_response",
+    "encode_body",
+]
+
+
+class Hello(msgspec.Struct, frozen=True):
+    client_id: str = ""
+    auth_token: str | None = None
+
+
+class HelloOk(msgspec.Struct, frozen=True):
+    server_version: str
+    protocol_version: int
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    code: str  # a TxbError code, stable
+    message: str
+    retriable: bool = False
+
+
+class TopicCreate(msgspec.Struct, frozen=True):
+    topic: str
+    queues: int = 4
+
+
+class TopicName(msgspec.Struct, frozen=True):
+    topic: str
+
+
+class TopicInfo(msgspec.Struct, frozen=True):
+    topic: str
+    queues: int
+    messages: int = 0  # sum over queues of (max - min) offsets
+    created_ms: int = 0
+
+
+class SendRequest(msgspec.Struct, frozen=True):
+    topic: str
+    body: bytes
+    key: str | None = None  # picks the queue (same key, same queue) and is indexed
+    tags: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    idempotency_key: str | None = None
+    message_id: str | None = None  # producer-assigned; the broker assigns one when absent
+    deliver_at_ms: int | None = None  # delayed delivery
+    queue_id: int | None = None  # explicit queue, overrides the key's choice
+
+
+class SendReceipt(msgspec.Struct, frozen=True):
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    duplicate: bool = False  # an idempotency key already stored: this is the original's receipt
+
+
+class SendBatchRequest(msgspec.Struct, frozen=True):
+    messages: list[SendRequest]
+
+
+class SendBatchResponse(msgspec.Struct, frozen=True):
+    receipts: list[SendReceipt]
+
+
+class QueuePosition(msgspec.Struct, frozen=True):
+    queue_id: int
+    offset: int
+
+
+class PullRequest(msgspec.Struct, frozen=True):
+    group: str
+    topic: str
+    member_id: str = ""
+    generation: int = 0
+    max_messages: int = 32
+    hold_ms: int = 30_000  # long poll: how long to wait when nothing is there
+    tags: list[str] | None = None
+
+
+class PulledMessage(msgspec.Struct, frozen=True):
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    key: str | None
+    tags: str | None
+    headers: dict[str, str]
+    born_ms: int
+    store_ms: int
+    reconsume_count: int = 0
+
+
+class PullResponse(msgspec.Struct, frozen=True):
+    messages: list[PulledMessage]
+
+
+class AckRequest(msgspec.Struct, frozen=True):
+    group: str
+    topic: str
+    member_id: str
+    generation: int
+    positions: list[QueuePosition]  # next offset to consume, per queue
+
+
+class Empty(msgspec.Struct, frozen=True):
+    pass
+
+
+REQUEST_TYPES: Final[dict[int, type[Any]]] = {
+    Opcode.HELLO: Hello,
+    Opcode.PING: Empty,
+    Opcode.TOPIC_CREATE: TopicCreate,
+    Opcode.TOPIC_DELETE: TopicName,
+    Opcode.TOPIC_LIST: Empty,
+    Opcode.TOPIC_DESCRIBE: TopicName,
+    Opcode.SEND: SendRequest,
+    Opcode.SEND_BATCH: SendBatchRequest,
+    Opcode.PULL: PullRequest,
+    Opcode.ACK: AckRequest,
+}
+
+RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
+    Opcode.HELLO: HelloOk,
+    Opcode.PING: Empty,
+    Opcode.TOPIC_CREATE: TopicInfo,
+    Opcode.TOPIC_DELETE: Empty,
+    Opcode.TOPIC_LIST: list[TopicInfo],  # type: ignore[dict-item]
+    Opcode.TOPIC_DESCRIBE: TopicInfo,
+    Opcode.SEND: SendReceipt,
+    Opcode.SEND_BATCH: SendBatchResponse,
+    Opcode.PULL: PullResponse,
+    Opcode.ACK: Empty,
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[object, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def _decoder(t: object) -> msgspec.msgpack.Decoder[Any]:
+    dec = _decoders.get(t)
+    if dec is None:
+        dec = _decoders[t] = msgspec.msgpack.Decoder(t)
+    return dec
+
+
+def encode_body(obj: object) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_request(opcode: int, body: bytes) -> Any:
+    """The request Struct for ``opcode``; ``BadRequest`` (with the reason) if malformed."""
+    t = REQUEST_TYPES.get(opcode)
+    if t is None:
+        raise BadRequest(f"opcode {opcode} is not served")
+    try:
+        return _decoder(t).decode(body)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"malformed {Opcode(opcode).name} request: {e}") from e
+
+
+def decode_response(opcode: int, body: bytes) -> Any:
+    t = RESPONSE_TYPES[opcode]
+    try:
+        return _decoder(t).decode(body)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"malformed {Opcode(opcode).name} response: {e}") from e
+
+
+def decode_error(body: bytes) -> ErrorBody:
+    try:
+        err: ErrorBody = _decoder(ErrorBody).decode(body)
+    except msgspec.DecodeError as e:
+        return ErrorBody("PROTOCOL_ERROR", f"unreadable error frame: {e}")
+    return err
