@@ -159,7 +159,7 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.PING: Empty,
     Opcode.TOPIC_CREATE: TopicInfo,
     Opcode.TOPIC_DELETE: Empty,
-    Opcode.TOPIC_LIST: list[TopicInfo],  # type: ignore[dict-item]
+    Opcode.TOPIC_LIST: list[TopicInfo],
     Opcode.TOPIC_DESCRIBE: TopicInfo,
     Opcode.SEND: SendReceipt,
     Opcode.SEND_BATCH: SendBatchResponse,
