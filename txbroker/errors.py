@@ -9,6 +9,7 @@ The tree, with the behaviour each category carries as class attributes::
     │   ├── MessageTooLarge       body, properties or whole record over its limit
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
+    ├── TopicExists               a topic with other settings already exists
     ├── ProtocolError             malformed stream: the connection is closed
     │   └── FrameTooLarge         a frame over MAX_FRAME_BYTES
     └── StoreError                the store itself is in trouble
@@ -38,6 +39,7 @@ __all__ = [
     "StoreError",
     "StoreFailed",
     "StoreLocked",
+    "TopicExists",
     "TxbError",
 ]
 
@@ -71,6 +73,10 @@ class InvalidOffset(InvalidArgument):
 
 class NotFound(TxbError):
     code = "NOT_FOUND"
+
+
+class TopicExists(TxbError):
+    code = "TOPIC_EXISTS"
 
 
 class ProtocolError(TxbError):

@@ -12,12 +12,12 @@ reader sees the old checkpoint or the new one, never a mix.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
+from txbroker.atomicfile import write_atomic
 from txbroker.store.mapped import fsync_dir
 
 __all__ = ["Checkpoint", "ShutdownMarker", "read_checkpoint", "write_checkpoint"]
@@ -54,16 +54,7 @@ def read_checkpoint(data_dir: Path) -> Checkpoint | None:
 
 
 def write_checkpoint(data_dir: Path, cp: Checkpoint) -> None:
-    path = data_dir / CHECKPOINT_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, msgspec.json.encode(cp))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(data_dir)
+    write_atomic(data_dir / CHECKPOINT_FILE, msgspec.json.encode(cp))
 
 
 class ShutdownMarker:

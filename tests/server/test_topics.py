@@ -1,0 +1,55 @@
+"""The topic registry on real files: create, list, delete, persistence, bad names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from txbroker.errors import InvalidArgument, InvalidName, NotFound, TopicExists
+from txbroker.server.topics import MAX_QUEUES, TopicRegistry
+
+
+def test_create_list_delete_survive_reload(tmp_path: Path) -> None:
+    reg = TopicRegistry(tmp_path)
+    reg.load()
+    reg.create("orders", 4)
+    reg.create("payments", 2)
+    reg.ensure_system("%HALF")
+    again = TopicRegistry(tmp_path)
+    again.load()
+    assert [t.name for t in again.list()] == ["orders", "payments"]
+    assert [t.name for t in again.list(include_system=True)] == ["%HALF", "orders", "payments"]
+    assert again.get("orders").queues == 4
+    again.delete("payments")
+    third = TopicRegistry(tmp_path)
+    third.load()
+    with pytest.raises(NotFound):
+        third.get("payments")
+
+
+def test_create_is_idempotent_but_not_conflicting(tmp_path: Path) -> None:
+    reg = TopicRegistry(tmp_path)
+    first = reg.create("t", 3)
+    assert reg.create("t", 3) == first
+    with pytest.raises(TopicExists):
+        reg.create("t", 5)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "%sys", "..", "x" * 200, "-lead"])
+def test_bad_names(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidName):
+        TopicRegistry(tmp_path).create(name, 1)
+
+
+@pytest.mark.parametrize("queues", [0, -1, MAX_QUEUES + 1])
+def test_bad_queue_counts(tmp_path: Path, queues: int) -> None:
+    with pytest.raises(InvalidArgument):
+        TopicRegistry(tmp_path).create("t", queues)
+
+
+def test_system_topics_cannot_be_deleted(tmp_path: Path) -> None:
+    reg = TopicRegistry(tmp_path)
+    reg.ensure_system("%DLQ%g")
+    with pytest.raises(InvalidArgument):
+        reg.delete("%DLQ%g")
