@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,69 @@ async def open_store(tmp_path: Path) -> AsyncIterator[OpenStore]:
     yield _open
     for s in opened:
         await s.close()
+
+
+class BrokerProcess:
+    """A real `txbroker serve` child process on a free port."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.extra = extra
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> BrokerProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "txbroker.cli",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            "0",
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("txbroker ready"):
+            self.stop()
+            raise RuntimeError(f"broker did not start: {line!r}")
+        addr = line.split("tcp=")[1].split()[0]
+        self.url = f"txb://{addr}"
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._close_pipes()
+
+    def stop(self, timeout_s: float = 30) -> int | None:
+        """SIGTERM and wait (bounded); SIGKILL if it hangs. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._close_pipes()
+        return self.proc.returncode
+
+    def _close_pipes(self) -> None:
+        assert self.proc is not None
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "broker").start()
+    yield b
+    b.stop()

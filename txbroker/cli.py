@@ -98,6 +98,29 @@ def _bench_disk(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from txbroker.server.app import serve
+    from txbroker.server.config import ServerConfig
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    flags = {
+        "data_dir": args.data_dir,
+        "host": args.host,
+        "port": args.port,
+        "http_port": args.http_port,
+        "flush": args.flush,
+        "auth_token": args.auth_token,
+    }
+    config = ServerConfig.build(flags, os.environ, Path(args.config) if args.config else None)
+    _run(serve(config))
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -122,6 +145,16 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="txbroker", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+
+    sv = sub.add_parser("serve", help="run the broker")
+    sv.add_argument("--data-dir", help="where the broker keeps its data (TXB_DATA_DIR)")
+    sv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, help="TCP port (default 9876; 0 picks a free one)")
+    sv.add_argument("--http-port", type=int, help="HTTP admin port (default 9877)")
+    sv.add_argument("--flush", choices=["sync", "async"], help="durability mode (default sync)")
+    sv.add_argument("--auth-token", help="clients must present this token (TXB_AUTH_TOKEN)")
+    sv.add_argument("--config", help="TOML file with any of the settings above")
+    sv.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="run the project's demonstration on embedded defaults")
     demo.add_argument("--messages", type=_positive, default=200_000)

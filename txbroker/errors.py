@@ -3,6 +3,7 @@
 The tree, with the behaviour each category carries as class attributes::
 
     TxbError                      code, retriable
+    ├── Internal                  a broker bug or unexpected failure (logged server-side)
     ├── InvalidArgument           bad input from a caller: fix the call, never retry
     │   ├── BadRequest            a request body that does not match its schema
     │   ├── InvalidName           topic / group name outside the allowed alphabet or length
@@ -10,6 +11,7 @@ The tree, with the behaviour each category carries as class attributes::
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
     ├── TopicExists               a topic with other settings already exists
+    ├── Unauthenticated           missing or wrong auth token: the connection is closed
     ├── ProtocolError             malformed stream: the connection is closed
     │   └── FrameTooLarge         a frame over MAX_FRAME_BYTES
     └── StoreError                the store itself is in trouble
@@ -29,6 +31,7 @@ __all__ = [
     "BadRequest",
     "CorruptLog",
     "FrameTooLarge",
+    "Internal",
     "InvalidArgument",
     "InvalidName",
     "InvalidOffset",
@@ -41,6 +44,8 @@ __all__ = [
     "StoreLocked",
     "TopicExists",
     "TxbError",
+    "Unauthenticated",
+    "error_class",
 ]
 
 
@@ -79,6 +84,10 @@ class TopicExists(TxbError):
     code = "TOPIC_EXISTS"
 
 
+class Unauthenticated(TxbError):
+    code = "UNAUTHENTICATED"
+
+
 class ProtocolError(TxbError):
     code = "PROTOCOL_ERROR"
 
@@ -110,6 +119,23 @@ class CorruptLog(StoreError):
     code = "CORRUPT_LOG"
 
 
+class Internal(TxbError):
+    """A bug or an unexpected failure inside the broker; the message says what to report."""
+
+    code = "INTERNAL"
+
+
 class StoreLocked(StoreError):
     code = "STORE_LOCKED"
     retriable = True
+
+
+def error_class(code: str) -> type[TxbError]:
+    """The error class for a wire code (so a client raises what the server raised)."""
+    stack: list[type[TxbError]] = [TxbError]
+    while stack:
+        cls = stack.pop()
+        if cls.code == code:
+            return cls
+        stack.extend(cls.__subclasses__())
+    return TxbError

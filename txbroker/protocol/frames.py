@@ -51,6 +51,7 @@ class FrameKind(enum.IntEnum):
 class Opcode(enum.IntEnum):
     """Stable numbers: they are the protocol. Add, never renumber."""
 
+    STREAM = 0  # error frames about the connection itself (garbage, oversize): then it closes
     HELLO = 1  # version + auth token; must be the first request when auth is on
     PING = 2
     TOPIC_CREATE = 10

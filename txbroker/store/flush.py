@@ -74,6 +74,9 @@ class GroupCommitter:
             stdout=subprocess.PIPE,
             bufsize=0,
             close_fds=True,
+            # Its own session: a Ctrl-C or a SIGTERM sent to the broker's process group must not
+            # kill the syncer before the broker's graceful shutdown has flushed through it.
+            start_new_session=True,
         )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._wfd = self._proc.stdin.fileno()

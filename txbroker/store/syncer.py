@@ -18,6 +18,7 @@ The child exits when its stdin closes, so it never outlives the broker, even aft
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import sys
 from pathlib import Path
@@ -35,6 +36,9 @@ OP_SYNC_PATH: Final = 3  # reserved
 
 
 def main(directory: str) -> int:
+    # Only EOF on stdin ends the syncer: the broker decides when syncing is over.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     root = Path(directory)
     fds: dict[int, int] = {}
     pending = b""

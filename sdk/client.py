@@ -1,0 +1,174 @@
+"""An asyncio client for the broker: one TCP connection, pipelined requests matched to answers
+by correlation id, errors raised as the same typed exceptions the broker raised.
+
+    async with await Client.connect("txb://127.0.0.1:9876") as client:
+        await client.create_topic("orders", queues=4)
+        receipt = await client.send("orders", b"...", key="order-42")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any
+from urllib.parse import urlsplit
+
+from txbroker.errors import InvalidArgument, ProtocolError, TxbError, error_class
+from txbroker.protocol.codec import FrameDecoder, encode_frame
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import (
+    Empty,
+    Hello,
+    SendBatchRequest,
+    SendReceipt,
+    SendRequest,
+    TopicCreate,
+    TopicInfo,
+    TopicName,
+    decode_error,
+    decode_response,
+    encode_body,
+)
+
+__all__ = ["Client", "ConnectionClosed", "parse_server_url"]
+
+DEFAULT_PORT = 9876
+
+
+class ConnectionClosed(TxbError):
+    code = "CONNECTION_CLOSED"
+    retriable = True
+
+
+def parse_server_url(url: str) -> tuple[str, int]:
+    """``txb://host:port`` (or ``host:port``) to (host, port)."""
+    parts = urlsplit(url if "://" in url else f"txb://{url}")
+    if parts.scheme != "txb" or not parts.hostname:
+        raise InvalidArgument(f"server address must look like txb://host:port, not {url!r}")
+    return parts.hostname, parts.port or DEFAULT_PORT
+
+
+class Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        self._ids = itertools.count(1)
+        self._closed: TxbError | None = None
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, auth_token: str | None = None, timeout_s: float = 10.0
+    ) -> Client:
+        host, port = parse_server_url(url)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except (OSError, TimeoutError) as e:
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {e}") from e
+        client = cls(reader, writer)
+        await client.request(Opcode.HELLO, Hello("python-sdk", auth_token), timeout_s=timeout_s)
+        return client
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._fail(ConnectionClosed("the client closed the connection"))
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+        self._reader_task.cancel()
+        await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+        if self._closed is not None:
+            raise self._closed
+        corr = next(self._ids) & 0xFFFFFFFF
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[corr] = (opcode, fut)
+        self._writer.write(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._pending.pop(corr, None)
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        try:
+            while True:
+                data = await self._reader.read(65536)
+                if not data:
+                    self._fail(ConnectionClosed("the broker closed the connection"))
+                    return
+                for frame in decoder.feed(data):
+                    if frame.opcode == Opcode.STREAM:
+                        err = decode_error(frame.body)
+                        self._fail(error_class(err.code)(err.message))
+                        return
+                    entry = self._pending.get(frame.corr_id)
+                    if entry is None or entry[1].done():
+                        continue  # the request timed out; its answer is dropped
+                    opcode, fut = entry
+                    if frame.kind == FrameKind.ERROR:
+                        err = decode_error(frame.body)
+                        fut.set_exception(error_class(err.code)(err.message))
+                    else:
+                        fut.set_result(decode_response(opcode, frame.body))
+        except ProtocolError as e:
+            self._fail(e)
+        except OSError as e:
+            self._fail(ConnectionClosed(f"connection lost: {e}"))
+
+    def _fail(self, err: TxbError) -> None:
+        if self._closed is None:
+            self._closed = err
+        for _, fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    # --- convenience API ---
+
+    async def ping(self) -> None:
+        await self.request(Opcode.PING, Empty())
+
+    async def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:
+        info: TopicInfo = await self.request(Opcode.TOPIC_CREATE, TopicCreate(topic, queues))
+        return info
+
+    async def delete_topic(self, topic: str) -> None:
+        await self.request(Opcode.TOPIC_DELETE, TopicName(topic))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        topics: list[TopicInfo] = await self.request(Opcode.TOPIC_LIST, Empty())
+        return topics
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        info: TopicInfo = await self.request(Opcode.TOPIC_DESCRIBE, TopicName(topic))
+        return info
+
+    async def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        headers: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> SendReceipt:
+        req = SendRequest(
+            topic, body, key, tags, headers or {}, idempotency_key, deliver_at_ms=deliver_at_ms
+        )
+        receipt: SendReceipt = await self.request(Opcode.SEND, req)
+        return receipt
+
+    async def send_batch(self, messages: list[SendRequest]) -> list[SendReceipt]:
+        res = await self.request(Opcode.SEND_BATCH, SendBatchRequest(messages))
+        receipts: list[SendReceipt] = res.receipts
+        return receipts

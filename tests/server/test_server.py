@@ -1,0 +1,145 @@
+"""A real `txbroker serve` process over TCP: round trips, bad input, auth, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from sdk import Client
+from sdk.client import ConnectionClosed
+from tests.conftest import BrokerProcess
+from txbroker.errors import (
+    BadRequest,
+    FrameTooLarge,
+    InvalidName,
+    NotFound,
+    ProtocolError,
+    TopicExists,
+    Unauthenticated,
+)
+from txbroker.protocol.codec import encode_frame
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import SendRequest
+
+
+async def test_topics_and_sends_round_trip(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        info = await c.create_topic("orders", queues=3)
+        assert (info.topic, info.queues) == ("orders", 3)
+        with pytest.raises(TopicExists):
+            await c.create_topic("orders", queues=5)
+        r1 = await c.send("orders", b"one", key="k")
+        r2 = await c.send("orders", b"two", key="k")
+        assert r1.queue_id == r2.queue_id and r2.queue_offset == r1.queue_offset + 1
+        batch = await c.send_batch([SendRequest("orders", bytes([i])) for i in range(10)])
+        assert len(batch) == 10
+        assert (await c.describe_topic("orders")).messages == 12
+        assert [t.topic for t in await c.list_topics()] == ["orders"]
+        with pytest.raises(NotFound):
+            await c.send("missing", b"x")
+        with pytest.raises(InvalidName):
+            await c.create_topic("bad/name")
+
+
+async def test_pipelined_sends_on_one_connection(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("p", queues=1)
+        receipts = await asyncio.gather(*(c.send("p", str(i).encode()) for i in range(200)))
+        assert sorted(r.queue_offset for r in receipts) == list(range(200))
+
+
+async def _raw(url: str, payload: bytes) -> bytes:
+    host, port = url.removeprefix("txb://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(payload)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+    writer.close()
+    return data
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        os.urandom(4096),
+        (1 << 30).to_bytes(4, "big") + b"\x01\x00\x00\x14",  # 1 GiB length prefix
+        encode_frame(FrameKind.REQUEST, Opcode.PING, 1, b"")[:7],  # truncated, then EOF
+        encode_frame(FrameKind.RESPONSE, Opcode.PING, 1, b""),  # wrong direction
+    ],
+)
+async def test_bad_streams_are_closed_and_others_unaffected(
+    broker: BrokerProcess, payload: bytes
+) -> None:
+    async with await Client.connect(broker.url) as good:
+        await good.create_topic("t", queues=1)
+        host, port = broker.url.removeprefix("txb://").split(":")
+        if (
+            payload.startswith(encode_frame(FrameKind.REQUEST, Opcode.PING, 1, b"")[:7])
+            and len(payload) == 7
+        ):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
+        else:
+            answer = await _raw(broker.url, payload)
+            assert b"PROTOCOL_ERROR" in answer or b"FRAME_TOO_LARGE" in answer
+        # The broker still serves the well-behaved client.
+        assert (await good.send("t", b"still here")).queue_offset == 0
+
+
+async def test_unknown_opcode_and_malformed_body_keep_the_connection(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        with pytest.raises(ProtocolError, match="not served"):
+            await c.request(Opcode.DLQ_LIST, {})
+        with pytest.raises(BadRequest):
+            await c.request(Opcode.SEND, {"topic": 5})
+        await c.ping()
+
+
+async def test_auth_token_required(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "auth", "--auth-token", "s3cret").start()
+    try:
+        with pytest.raises(Unauthenticated):
+            await Client.connect(b.url, auth_token="wrong")
+        async with await Client.connect(b.url, auth_token="s3cret") as c:
+            await c.ping()
+        # Skipping HELLO is refused too.
+        answer = await _raw(b.url, encode_frame(FrameKind.REQUEST, Opcode.PING, 1, b"\x80"))
+        assert b"UNAUTHENTICATED" in answer
+    finally:
+        assert b.stop() == 0
+
+
+async def test_sigterm_stops_cleanly_and_data_survives(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b").start()
+    async with await Client.connect(b.url) as c:
+        await c.create_topic("keep", queues=1)
+        await c.send("keep", b"durable")
+    assert b.stop() == 0
+    assert not (tmp_path / "b" / "store" / "abort").exists()  # a clean shutdown
+    b2 = BrokerProcess(tmp_path / "b").start()
+    try:
+        async with await Client.connect(b2.url) as c:
+            assert (await c.describe_topic("keep")).messages == 1
+    finally:
+        b2.stop()
+
+
+async def test_oversized_frame_from_the_client_is_refused_locally(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("big", queues=1)
+        with pytest.raises(FrameTooLarge):
+            await c.send("big", bytes(17 * 1024 * 1024))
+        await c.ping()
+
+
+async def test_connecting_to_nothing_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionClosed, match="cannot connect"):
+        await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=2)

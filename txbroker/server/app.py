@@ -1,0 +1,90 @@
+"""The broker process: open the store, serve TCP, stop cleanly on SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from txbroker import __version__
+from txbroker.protocol.frames import PROTOCOL_VERSION
+from txbroker.protocol.messages import Hello, HelloOk
+from txbroker.server.config import ServerConfig
+from txbroker.server.connection import Connection
+from txbroker.server.handlers import build_handlers
+from txbroker.server.producer import Producer
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import MessageStore, StoreConfig
+
+__all__ = ["BrokerServer", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class BrokerServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.store: MessageStore | None = None
+        self.topics = TopicRegistry(config.data_dir / "meta")
+        self._server: asyncio.Server | None = None
+        self._connections: set[Connection] = set()
+        self.port = 0
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.store = await MessageStore.open(StoreConfig(cfg.data_dir / "store", flush=cfg.flush))
+        self.topics.load()
+        producer = Producer(self.store, self.topics, dedup_window_ms=cfg.dedup_window_ms)
+        handlers = build_handlers(self.store, self.topics, producer)
+
+        def hello(_: Hello) -> HelloOk:
+            return HelloOk(__version__, PROTOCOL_VERSION)
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(
+                handlers, auth_token=cfg.auth_token, hello=hello, connections=self._connections
+            ),
+            cfg.host,
+            cfg.port,
+            reuse_address=True,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop accepting, answer what is in flight (bounded), flush and close the store."""
+        if self._server is not None:
+            self._server.close()
+        conns = list(self._connections)
+        if conns:
+            await asyncio.wait(
+                [asyncio.ensure_future(c.drain_requests()) for c in conns],
+                timeout=self.config.shutdown_grace_ms / 1000,
+            )
+        for c in conns:
+            c.closing = True
+            if c._transport is not None:
+                c._transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self.store is not None:
+            await self.store.close()
+
+
+async def serve(config: ServerConfig) -> None:
+    server = BrokerServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"txbroker ready tcp={config.host}:{server.port} data={config.data_dir} "
+        f"flush={config.flush.value}",
+        flush=True,
+    )
+    await stop.wait()
+    print("txbroker stopping: answering in-flight requests, flushing the store", file=sys.stderr)
+    await server.stop()
+    print("txbroker stopped", file=sys.stderr, flush=True)

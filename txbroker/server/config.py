@@ -1,0 +1,76 @@
+"""Server settings: one frozen object built once at startup from flags, a TOML config file and
+``TXB_*`` environment variables (flags win over the environment, which wins over the file)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from txbroker.errors import InvalidArgument
+from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
+from txbroker.store import FlushMode
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    data_dir: Path = Path("txbroker-data")
+    host: str = "127.0.0.1"
+    port: int = 9876
+    http_port: int = 9877
+    flush: FlushMode = FlushMode.SYNC
+    auth_token: str | None = field(default=None, repr=False)
+    dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS
+    # Graceful shutdown waits this long for in-flight requests before closing connections.
+    shutdown_grace_ms: int = 10_000
+
+    @classmethod
+    def build(
+        cls,
+        flags: Mapping[str, Any],
+        env: Mapping[str, str],
+        config_file: Path | None = None,
+    ) -> ServerConfig:
+        values: dict[str, Any] = {}
+        names = {f.name for f in fields(cls)}
+        if config_file is not None:
+            try:
+                data = tomllib.loads(config_file.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise InvalidArgument(f"cannot read config file {config_file}: {e}") from e
+            unknown = set(data) - names
+            if unknown:
+                raise InvalidArgument(f"unknown settings in {config_file}: {sorted(unknown)}")
+            values.update(data)
+        for name in names:
+            key = "TXB_" + name.upper()
+            if key in env:
+                values[name] = env[key]
+        values.update({k: v for k, v in flags.items() if v is not None and k in names})
+        return cls(**_coerce(values))
+
+    def __post_init__(self) -> None:
+        for name in ("port", "http_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise InvalidArgument(f"{name} must be 0..65535")
+        if self.dedup_window_ms <= 0:
+            raise InvalidArgument("dedup_window_ms must be positive")
+
+
+def _coerce(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    try:
+        for name in ("port", "http_port", "dedup_window_ms", "shutdown_grace_ms"):
+            if name in out:
+                out[name] = int(out[name])
+        if "data_dir" in out:
+            out["data_dir"] = Path(out["data_dir"])
+        if "flush" in out:
+            out["flush"] = FlushMode(out["flush"])
+    except ValueError as e:
+        raise InvalidArgument(f"bad setting: {e}") from e
+    return out

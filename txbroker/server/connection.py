@@ -1,0 +1,177 @@
+"""One client connection: frames in, handler calls, frames out.
+
+The protocol object owns only I/O concerns: the sans-IO decoder, the auth gate, per-connection
+bounds and error frames. What a request does is the broker's (``handlers.py``). A malformed
+stream gets one STREAM error frame and the connection is closed; a bad request gets an error
+frame for that request and the connection stays open. Nothing a client sends can take the server
+down: every handler failure is turned into an error frame here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, cast
+
+from txbroker.errors import Internal, ProtocolError, TxbError, Unauthenticated
+from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
+
+__all__ = ["Connection", "Handler"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+# A client may pipeline this many requests before the server stops reading its socket: bounds
+# the memory one connection can pin (each request holds at most one 16 MiB frame).
+MAX_INFLIGHT_PER_CONNECTION: Final = 256
+
+
+class Connection(asyncio.Protocol):
+    def __init__(
+        self,
+        handlers: dict[int, Handler],
+        *,
+        auth_token: str | None,
+        hello: Callable[[Hello], Any],
+        connections: set[Connection],
+    ) -> None:
+        self._handlers = handlers
+        self._token = auth_token
+        self._hello = hello
+        self._connections = connections
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        self._authenticated = auth_token is None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reading_paused = False
+        self._writing_paused = False
+        self.closing = False
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing asyncio.Transport.
+        self._transport = cast(asyncio.Transport, transport)
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self._connections.discard(self)
+        for t in self._tasks:
+            t.cancel()  # long polls and the like: nobody is there to answer
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as e:
+            self._fatal(e)
+            return
+        for frame in frames:
+            self._dispatch(frame)
+
+    # --- requests ---
+
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.kind != FrameKind.REQUEST:
+            self._fatal(ProtocolError(f"clients send requests, not frame kind {frame.kind}"))
+            return
+        if frame.opcode == Opcode.HELLO:
+            self._on_hello(frame)
+            return
+        if not self._authenticated:
+            self._fatal(Unauthenticated("this broker requires HELLO with an auth token first"))
+            return
+        handler = self._handlers.get(frame.opcode)
+        if handler is None:
+            self._reply_error(frame, ProtocolError(f"opcode {frame.opcode} is not served"))
+            return
+        task = asyncio.get_running_loop().create_task(self._run(handler, frame))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        self._update_reading()
+
+    def _on_hello(self, frame: Frame) -> None:
+        try:
+            req = decode_request(Opcode.HELLO, frame.body)
+        except TxbError as e:
+            self._fatal(e)
+            return
+        if self._token is not None:
+            given = (req.auth_token or "").encode()
+            if not hmac.compare_digest(given, self._token.encode()):
+                self._fatal(Unauthenticated("wrong or missing auth token"))
+                return
+            self._authenticated = True
+        self._write(FrameKind.RESPONSE, Opcode.HELLO, frame.corr_id, encode_body(self._hello(req)))
+
+    async def _run(self, handler: Handler, frame: Frame) -> None:
+        try:
+            req = decode_request(frame.opcode, frame.body)
+            result = await handler(req)
+        except TxbError as e:
+            self._reply_error(frame, e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: answer, log, keep serving
+            log.exception("handler for %s failed", Opcode(frame.opcode).name)
+            self._reply_error(frame, Internal(f"{type(e).__name__}: {e}"))
+        else:
+            self._write(FrameKind.RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._update_reading()
+
+    # --- output ---
+
+    def _write(self, kind: int, opcode: int, corr_id: int, body: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode_frame(kind, opcode, corr_id, body))
+
+    def _reply_error(self, frame: Frame, err: TxbError) -> None:
+        body = encode_body(ErrorBody(err.code, str(err), err.retriable))
+        self._write(FrameKind.ERROR, frame.opcode, frame.corr_id, body)
+
+    def _fatal(self, err: TxbError) -> None:
+        """Answer once on the STREAM opcode, then close: the stream cannot be trusted."""
+        body = encode_body(ErrorBody(err.code, str(err), False))
+        self._write(FrameKind.ERROR, Opcode.STREAM, 0, body)
+        self.closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _update_reading(self) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        want_pause = self._writing_paused or len(self._tasks) >= MAX_INFLIGHT_PER_CONNECTION
+        if want_pause and not self._reading_paused:
+            self._transport.pause_reading()
+            self._reading_paused = True
+        elif not want_pause and self._reading_paused:
+            self._transport.resume_reading()
+            self._reading_paused = False
+
+    def close(self) -> None:
+        self.closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    async def drain_requests(self) -> None:
+        """Wait for this connection's in-flight requests (graceful shutdown)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))

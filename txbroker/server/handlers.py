@@ -1,0 +1,69 @@
+"""What each request does: thin functions from a decoded request to a response body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txbroker.errors import InvalidArgument
+from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
+from txbroker.protocol.messages import (
+    Empty,
+    SendBatchRequest,
+    SendBatchResponse,
+    SendReceipt,
+    SendRequest,
+    TopicCreate,
+    TopicInfo,
+    TopicName,
+)
+from txbroker.server.connection import Handler
+from txbroker.server.producer import Producer
+from txbroker.server.topics import Topic, TopicRegistry
+from txbroker.store import MessageStore
+
+__all__ = ["build_handlers"]
+
+
+def build_handlers(
+    store: MessageStore, topics: TopicRegistry, producer: Producer
+) -> dict[int, Handler]:
+    def info(t: Topic) -> TopicInfo:
+        count = 0
+        for q in range(t.queues):
+            lo, hi = store.queue_range(t.name, q)
+            count += hi - lo
+        return TopicInfo(t.name, t.queues, count, t.created_ms)
+
+    async def ping(_: Any) -> Empty:
+        return Empty()
+
+    async def topic_create(req: TopicCreate) -> TopicInfo:
+        return info(topics.create(req.topic, req.queues))
+
+    async def topic_delete(req: TopicName) -> Empty:
+        topics.delete(req.topic)
+        return Empty()
+
+    async def topic_list(_: Any) -> list[TopicInfo]:
+        return [info(t) for t in topics.list()]
+
+    async def topic_describe(req: TopicName) -> TopicInfo:
+        return info(topics.get(req.topic))
+
+    async def send(req: SendRequest) -> SendReceipt:
+        return await producer.send(req)
+
+    async def send_batch(req: SendBatchRequest) -> SendBatchResponse:
+        if not 1 <= len(req.messages) <= MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
+        return SendBatchResponse(await producer.send_batch(req.messages))
+
+    return {
+        Opcode.PING: ping,
+        Opcode.TOPIC_CREATE: topic_create,
+        Opcode.TOPIC_DELETE: topic_delete,
+        Opcode.TOPIC_LIST: topic_list,
+        Opcode.TOPIC_DESCRIBE: topic_describe,
+        Opcode.SEND: send,
+        Opcode.SEND_BATCH: send_batch,
+    }
