@@ -11,6 +11,7 @@ The tree, with the behaviour each category carries as class attributes::
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
     ├── TopicExists               a topic with other settings already exists
+    ├── StaleGeneration           a consumer's view of its group is out of date (retriable)
     ├── Unauthenticated           missing or wrong auth token: the connection is closed
     ├── ProtocolError             malformed stream: the connection is closed
     │   └── FrameTooLarge         a frame over MAX_FRAME_BYTES
@@ -38,6 +39,7 @@ __all__ = [
     "MessageTooLarge",
     "NotFound",
     "ProtocolError",
+    "StaleGeneration",
     "StoreClosed",
     "StoreError",
     "StoreFailed",
@@ -82,6 +84,11 @@ class NotFound(TxbError):
 
 class TopicExists(TxbError):
     code = "TOPIC_EXISTS"
+
+
+class StaleGeneration(TxbError):
+    code = "STALE_GENERATION"
+    retriable = True
 
 
 class Unauthenticated(TxbError):

@@ -1,0 +1,167 @@
+"""Consumer groups: membership by heartbeat, queue assignment, generations, committed offsets.
+
+Clustering mode: each queue of a topic belongs to one member at a time. Queues are assigned by
+average allocation over the members sorted by id (RocketMQ's AllocateMessageQueueAveragely):
+with q queues and m members, member i gets a contiguous run of q//m queues, the first q%m
+members one more. Every change of membership bumps the group's generation; a member holding an
+older generation cannot commit offsets (its queues may already be someone else's).
+
+Broadcast mode: every member gets every queue and keeps its own offsets (the group name is
+qualified by the member id), so each member sees every message.
+
+Committed offsets persist in ``meta/offsets.json`` (atomic write, on change, coalesced).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from txbroker.atomicfile import write_atomic
+from txbroker.errors import InvalidArgument, StaleGeneration
+from txbroker.names import validate_topic
+
+__all__ = ["ConsumeMode", "GroupCoordinator", "allocate_average"]
+
+OFFSETS_FILE: Final = "offsets.json"
+
+
+class ConsumeMode(enum.StrEnum):
+    CLUSTERING = "clustering"
+    BROADCAST = "broadcast"
+
+
+def allocate_average(queues: int, members: list[str], member: str) -> list[int]:
+    """Queues of ``member`` under average allocation over sorted ``members``."""
+    ordered = sorted(members)
+    if member not in ordered:
+        return []
+    i, m = ordered.index(member), len(ordered)
+    base, extra = divmod(queues, m)
+    start = i * base + min(i, extra)
+    count = base + (1 if i < extra else 0)
+    return list(range(start, start + count))
+
+
+@dataclass
+class _Group:
+    topic: str
+    queues: int
+    mode: ConsumeMode
+    generation: int = 0
+    members: dict[str, float] = field(default_factory=dict)  # member id -> last heartbeat
+
+
+class GroupCoordinator:
+    def __init__(self, meta_dir: Path, *, session_timeout_ms: int = 10_000) -> None:
+        self._dir = meta_dir
+        self._session_s = session_timeout_ms / 1000
+        self._groups: dict[tuple[str, str], _Group] = {}
+        # (group, topic) -> {queue_id: next offset to consume}
+        self._offsets: dict[str, dict[str, dict[int, int]]] = {}
+        self._dirty = False
+
+    # --- persistence ---
+
+    def load(self) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self._dir / OFFSETS_FILE
+        if path.exists():
+            raw = msgspec.json.decode(path.read_bytes(), type=dict[str, dict[str, dict[int, int]]])
+            self._offsets = raw
+
+    def save_if_dirty(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            write_atomic(self._dir / OFFSETS_FILE, msgspec.json.encode(self._offsets))
+
+    # --- membership ---
+
+    def heartbeat(
+        self,
+        group: str,
+        topic: str,
+        member: str,
+        queues: int,
+        mode: ConsumeMode,
+        now: float | None = None,
+    ) -> tuple[int, list[int]]:
+        """Register or refresh ``member``; return (generation, its queues)."""
+        validate_topic(group)
+        if not member:
+            raise InvalidArgument("member id must not be empty")
+        now = time.monotonic() if now is None else now
+        g = self._groups.get((group, topic))
+        if g is None or g.queues != queues or g.mode != mode:
+            g = self._groups[(group, topic)] = _Group(
+                topic, queues, mode, (g.generation + 1) if g else 1
+            )
+        self._expire(g, now)
+        if member not in g.members:
+            g.generation += 1
+        g.members[member] = now
+        return g.generation, self.assignment(g, member)
+
+    def leave(self, group: str, topic: str, member: str) -> None:
+        g = self._groups.get((group, topic))
+        if g is not None and g.members.pop(member, None) is not None:
+            g.generation += 1
+
+    def expire_all(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for g in self._groups.values():
+            self._expire(g, now)
+
+    def _expire(self, g: _Group, now: float) -> None:
+        dead = [m for m, seen in g.members.items() if now - seen > self._session_s]
+        for m in dead:
+            del g.members[m]
+        if dead:
+            g.generation += 1
+
+    def assignment(self, g: _Group, member: str) -> list[int]:
+        if g.mode is ConsumeMode.BROADCAST:
+            return list(range(g.queues)) if member in g.members else []
+        return allocate_average(g.queues, list(g.members), member)
+
+    def check(self, group: str, topic: str, member: str, generation: int) -> list[int]:
+        """The member's queues if its generation is current, else StaleGeneration."""
+        g = self._groups.get((group, topic))
+        if g is None or member not in g.members or generation != g.generation:
+            current = g.generation if g else 0
+            raise StaleGeneration(
+                f"member {member!r} of group {group!r} holds generation {generation}, the group "
+                f"is at {current}: heartbeat again to learn the new assignment"
+            )
+        return self.assignment(g, member)
+
+    def members(self, group: str, topic: str) -> dict[str, float]:
+        g = self._groups.get((group, topic))
+        return dict(g.members) if g else {}
+
+    def offset_owner(self, group: str, topic: str, member: str) -> str:
+        """The key offsets are kept under: the group, or group@member in broadcast mode."""
+        g = self._groups.get((group, topic))
+        return f"{group}@{member}" if g is not None and g.mode is ConsumeMode.BROADCAST else group
+
+    # --- offsets ---
+
+    def committed(self, owner: str, topic: str, queue_id: int) -> int | None:
+        return self._offsets.get(owner, {}).get(topic, {}).get(queue_id)
+
+    def commit(self, owner: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset < 0:
+            raise InvalidArgument("offsets are non-negative")
+        per_topic = self._offsets.setdefault(owner, {}).setdefault(topic, {})
+        if per_topic.get(queue_id) != offset:
+            per_topic[queue_id] = offset
+            self._dirty = True
+
+    def groups(self) -> list[tuple[str, str]]:
+        """(owner, topic) pairs with committed offsets."""
+        return [(o, t) for o, topics in self._offsets.items() for t in topics]
