@@ -1,5 +1,14 @@
 """The txbroker Python client: an asyncio connection with pipelined requests and typed errors."""
 
-from sdk.client import Client, parse_server_url
+from sdk.client import Client, ConnectionClosed, parse_server_url
+from sdk.consumer import ConsumedMessage, Consumer
 
-__all__ = ["Client", "parse_server_url"]
+__all__ = [
+    # connection
+    "Client",
+    "ConnectionClosed",
+    "parse_server_url",
+    # consuming
+    "ConsumedMessage",
+    "Consumer",
+]

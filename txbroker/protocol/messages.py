@@ -17,8 +17,11 @@ from txbroker.protocol.frames import Opcode
 __all__ = [
     "AckRequest",
     "ErrorBody",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
     "Hello",
     "HelloOk",
+    "LeaveRequest",
     "PullRequest",
     "PullResponse",
     "PulledMessage",
@@ -101,6 +104,27 @@ class QueuePosition(msgspec.Struct, frozen=True):
     offset: int
 
 
+class HeartbeatRequest(msgspec.Struct, frozen=True):
+    group: str
+    topic: str
+    member_id: str
+    mode: str = "clustering"  # or "broadcast"
+    # Where a group with no committed offset begins: earliest | latest | timestamp.
+    start: str = "earliest"
+    start_timestamp_ms: int = 0
+
+
+class HeartbeatResponse(msgspec.Struct, frozen=True):
+    generation: int
+    queues: list[int]
+
+
+class LeaveRequest(msgspec.Struct, frozen=True):
+    group: str
+    topic: str
+    member_id: str
+
+
 class PullRequest(msgspec.Struct, frozen=True):
     group: str
     topic: str
@@ -152,6 +176,8 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.SEND_BATCH: SendBatchRequest,
     Opcode.PULL: PullRequest,
     Opcode.ACK: AckRequest,
+    Opcode.HEARTBEAT: HeartbeatRequest,
+    Opcode.LEAVE: LeaveRequest,
 }
 
 RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
@@ -165,6 +191,8 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.SEND_BATCH: SendBatchResponse,
     Opcode.PULL: PullResponse,
     Opcode.ACK: Empty,
+    Opcode.HEARTBEAT: HeartbeatResponse,
+    Opcode.LEAVE: Empty,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -12,7 +12,10 @@ from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import Connection
+from txbroker.server.consumer import ConsumerService
+from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_handlers
+from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore, StoreConfig
@@ -27,6 +30,11 @@ class BrokerServer:
         self.config = config
         self.store: MessageStore | None = None
         self.topics = TopicRegistry(config.data_dir / "meta")
+        self.groups = GroupCoordinator(
+            config.data_dir / "meta", session_timeout_ms=config.session_timeout_ms
+        )
+        self.consumer: ConsumerService | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self.port = 0
@@ -35,8 +43,14 @@ class BrokerServer:
         cfg = self.config
         self.store = await MessageStore.open(StoreConfig(cfg.data_dir / "store", flush=cfg.flush))
         self.topics.load()
-        producer = Producer(self.store, self.topics, dedup_window_ms=cfg.dedup_window_ms)
-        handlers = build_handlers(self.store, self.topics, producer)
+        self.groups.load()
+        notifier = Notifier()
+        producer = Producer(
+            self.store, self.topics, dedup_window_ms=cfg.dedup_window_ms, notifier=notifier
+        )
+        self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier)
+        handlers = build_handlers(self.store, self.topics, producer, self.consumer)
+        self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
         def hello(_: Hello) -> HelloOk:
             return HelloOk(__version__, PROTOCOL_VERSION)
@@ -52,8 +66,21 @@ class BrokerServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
+    async def _housekeep(self) -> None:
+        """Expire silent group members and persist committed offsets, once a second."""
+        while True:
+            await asyncio.sleep(1)
+            self.groups.expire_all()
+            try:
+                await asyncio.to_thread(self.groups.save_if_dirty)
+            except OSError:
+                log.exception("cannot persist consumer offsets; will retry")
+
     async def stop(self) -> None:
         """Stop accepting, answer what is in flight (bounded), flush and close the store."""
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            await asyncio.gather(self._housekeeping, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         conns = list(self._connections)
@@ -68,6 +95,7 @@ class BrokerServer:
                 c._transport.close()
         if self._server is not None:
             await self._server.wait_closed()
+        await asyncio.to_thread(self.groups.save_if_dirty)
         if self.store is not None:
             await self.store.close()
 

@@ -25,6 +25,8 @@ class ServerConfig:
     flush: FlushMode = FlushMode.SYNC
     auth_token: str | None = field(default=None, repr=False)
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS
+    # A consumer that has not heartbeated for this long loses its queues.
+    session_timeout_ms: int = 10_000
     # Graceful shutdown waits this long for in-flight requests before closing connections.
     shutdown_grace_ms: int = 10_000
 
@@ -64,7 +66,13 @@ class ServerConfig:
 def _coerce(values: dict[str, Any]) -> dict[str, Any]:
     out = dict(values)
     try:
-        for name in ("port", "http_port", "dedup_window_ms", "shutdown_grace_ms"):
+        for name in (
+            "port",
+            "http_port",
+            "dedup_window_ms",
+            "shutdown_grace_ms",
+            "session_timeout_ms",
+        ):
             if name in out:
                 out[name] = int(out[name])
         if "data_dir" in out:

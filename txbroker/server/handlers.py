@@ -7,7 +7,13 @@ from typing import Any
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
 from txbroker.protocol.messages import (
+    AckRequest,
     Empty,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaveRequest,
+    PullRequest,
+    PullResponse,
     SendBatchRequest,
     SendBatchResponse,
     SendReceipt,
@@ -17,6 +23,7 @@ from txbroker.protocol.messages import (
     TopicName,
 )
 from txbroker.server.connection import Handler
+from txbroker.server.consumer import ConsumerService
 from txbroker.server.producer import Producer
 from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import MessageStore
@@ -25,7 +32,7 @@ __all__ = ["build_handlers"]
 
 
 def build_handlers(
-    store: MessageStore, topics: TopicRegistry, producer: Producer
+    store: MessageStore, topics: TopicRegistry, producer: Producer, consumer: ConsumerService
 ) -> dict[int, Handler]:
     def info(t: Topic) -> TopicInfo:
         count = 0
@@ -58,7 +65,25 @@ def build_handlers(
             raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
         return SendBatchResponse(await producer.send_batch(req.messages))
 
+    async def heartbeat(req: HeartbeatRequest) -> HeartbeatResponse:
+        return await consumer.heartbeat(req)
+
+    async def pull(req: PullRequest) -> PullResponse:
+        return await consumer.pull(req)
+
+    async def ack(req: AckRequest) -> Empty:
+        await consumer.ack(req)
+        return Empty()
+
+    async def leave(req: LeaveRequest) -> Empty:
+        await consumer.leave(req)
+        return Empty()
+
     return {
+        Opcode.HEARTBEAT: heartbeat,
+        Opcode.PULL: pull,
+        Opcode.ACK: ack,
+        Opcode.LEAVE: leave,
         Opcode.PING: ping,
         Opcode.TOPIC_CREATE: topic_create,
         Opcode.TOPIC_DELETE: topic_delete,

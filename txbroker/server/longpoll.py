@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "Watch"]
 
 QueueKey = tuple[str, int]
 
@@ -23,25 +23,55 @@ class Notifier:
                 if not fut.done():
                     fut.set_result(None)
 
+    def watch(self, keys: Iterable[QueueKey]) -> Watch:
+        """Register interest *before* reading the queues, so a message appended while the read
+        is in progress still wakes the waiter (no lost wake-up between read and wait)."""
+        return Watch(self, list(keys))
+
     async def wait(self, keys: Iterable[QueueKey], timeout_s: float) -> bool:
         """Wait until any of ``keys`` is notified (True) or ``timeout_s`` passes (False)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        keys = list(keys)
+        with self.watch(keys) as w:
+            return await w.wait(timeout_s)
+
+    def _add(self, keys: list[QueueKey], fut: asyncio.Future[None]) -> None:
         for k in keys:
             self._waiters.setdefault(k, set()).add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout_s)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            for k in keys:
-                ws = self._waiters.get(k)
-                if ws is not None:
-                    ws.discard(fut)
-                    if not ws:
-                        del self._waiters[k]
+
+    def _remove(self, keys: list[QueueKey], fut: asyncio.Future[None]) -> None:
+        for k in keys:
+            ws = self._waiters.get(k)
+            if ws is not None:
+                ws.discard(fut)
+                if not ws:
+                    del self._waiters[k]
 
     @property
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
+
+
+class Watch:
+    def __init__(self, notifier: Notifier, keys: list[QueueKey]) -> None:
+        self._n = notifier
+        self._keys = keys
+        self._fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def __enter__(self) -> Watch:
+        self._n._add(self._keys, self._fut)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._n._remove(self._keys, self._fut)
+
+    @property
+    def fired(self) -> bool:
+        return self._fut.done()
+
+    async def wait(self, timeout_s: float) -> bool:
+        if self._fut.done():
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._fut), max(timeout_s, 0))
+            return True
+        except TimeoutError:
+            return False

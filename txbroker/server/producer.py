@@ -21,6 +21,7 @@ import google_crc32c
 
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.messages import SendReceipt, SendRequest
+from txbroker.server.longpoll import Notifier
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
@@ -53,8 +54,10 @@ class Producer:
         topics: TopicRegistry,
         *,
         dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
+        notifier: Notifier | None = None,
     ) -> None:
         self._store = store
+        self._notifier = notifier
         self._topics = topics
         self._window_ms = dedup_window_ms
         self._rr = itertools.count()
@@ -95,6 +98,7 @@ class Producer:
         ik = req.idempotency_key
         if ik is None:
             res = await self._store.append(msg)
+            self._notify(res.topic, res.queue_id)
             return SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
         pending = self._inflight.get(ik)
         if pending is not None:
@@ -108,6 +112,7 @@ class Producer:
                 receipt = _receipt(found, duplicate=True)
             else:
                 res = await self._store.append(msg)
+                self._notify(res.topic, res.queue_id)
                 receipt = SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
             fut.set_result(receipt)
             return receipt
@@ -125,7 +130,14 @@ class Producer:
             return [await self.send(r) for r in reqs]
         msgs = [self.to_message(r) for r in reqs]
         results = await self._store.append_batch(msgs)
+        for topic, qid in {(r.topic, r.queue_id) for r in results}:
+            self._notify(topic, qid)
         return [SendReceipt(r.message_id, r.topic, r.queue_id, r.queue_offset) for r in results]
+
+    def _notify(self, topic: str, queue_id: int) -> None:
+        # Called once the append is acknowledged, i.e. readable (durable, in sync mode).
+        if self._notifier is not None:
+            self._notifier.notify(topic, queue_id)
 
     async def _find_stored(self, ik: str) -> StoredMessage | None:
         since = time.time_ns() // 1_000_000 - self._window_ms

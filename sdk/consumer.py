@@ -1,0 +1,190 @@
+"""A group consumer: heartbeats, long-poll pulls, per-message ack, offset commits.
+
+    async with Consumer(client, "billing", "orders") as consumer:
+        async for msg in consumer:
+            handle(msg.body)
+            msg.ack()
+
+Messages of one queue arrive in queue order. The offset committed for a queue is the lowest
+offset not yet acknowledged, so a crash or a rebalance redelivers what was in flight (at least
+once) and never skips an unacknowledged message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Final
+
+from sdk.client import Client
+from txbroker.errors import StaleGeneration
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import (
+    AckRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaveRequest,
+    PulledMessage,
+    PullRequest,
+    PullResponse,
+    QueuePosition,
+)
+
+__all__ = ["ConsumedMessage", "Consumer"]
+
+# A third of the broker's default 10 s session timeout, so two heartbeats may be lost in a row.
+HEARTBEAT_INTERVAL_S: Final = 3.0
+COMMIT_INTERVAL_S: Final = 1.0
+
+
+class ConsumedMessage:
+    __slots__ = ("_consumer", "_generation", "acked", "msg")
+
+    def __init__(self, consumer: Consumer, msg: PulledMessage, generation: int) -> None:
+        self._consumer = consumer
+        self._generation = generation
+        self.msg = msg
+        self.acked = False
+
+    @property
+    def body(self) -> bytes:
+        return self.msg.body
+
+    def ack(self) -> None:
+        if not self.acked:
+            self.acked = True
+            self._consumer._acked(self)
+
+
+class Consumer:
+    def __init__(
+        self,
+        client: Client,
+        group: str,
+        topic: str,
+        *,
+        member_id: str | None = None,
+        mode: str = "clustering",
+        start: str = "earliest",
+        max_messages: int = 32,
+        hold_ms: int = 30_000,
+    ) -> None:
+        self._client = client
+        self.group = group
+        self.topic = topic
+        self.member_id = member_id or uuid.uuid4().hex
+        self._mode = mode
+        self._start = start
+        self._max = max_messages
+        self._hold_ms = hold_ms
+        self.generation = 0
+        self.queues: list[int] = []
+        self._outstanding: dict[int, set[int]] = {}  # queue -> delivered, not acked offsets
+        self._next: dict[int, int] = {}  # queue -> offset after the last delivered
+        self._dirty: set[int] = set()
+        self._buffer: list[ConsumedMessage] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self._heartbeat()
+        self._tasks = [
+            asyncio.create_task(self._every(HEARTBEAT_INTERVAL_S, self._heartbeat)),
+            asyncio.create_task(self._every(COMMIT_INTERVAL_S, self.commit)),
+        ]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.commit()
+            await self._client.request(
+                Opcode.LEAVE, LeaveRequest(self.group, self.topic, self.member_id)
+            )
+
+    async def _every(self, interval: float, fn: object) -> None:
+        assert callable(fn)
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(StaleGeneration):
+                await fn()
+
+    async def _heartbeat(self) -> None:
+        req = HeartbeatRequest(self.group, self.topic, self.member_id, self._mode, self._start)
+        res: HeartbeatResponse = await self._client.request(Opcode.HEARTBEAT, req)
+        if res.generation != self.generation:
+            self.generation = res.generation
+            # Queues we lost are someone else's now; what we had in flight there is redelivered.
+            for q in set(self._outstanding) - set(res.queues):
+                self._outstanding.pop(q, None)
+                self._next.pop(q, None)
+                self._dirty.discard(q)
+            self._buffer = [m for m in self._buffer if m.msg.queue_id in res.queues]
+        self.queues = list(res.queues)
+
+    async def fetch(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
+        """One pull (long-polling up to ``timeout_ms``); [] when nothing arrived."""
+        hold = self._hold_ms if timeout_ms is None else timeout_ms
+        req = PullRequest(self.group, self.topic, self.member_id, self.generation, self._max, hold)
+        try:
+            res: PullResponse = await self._client.request(
+                Opcode.PULL, req, timeout_s=hold / 1000 + 10
+            )
+        except StaleGeneration:
+            await self._heartbeat()
+            return []
+        out = []
+        for m in res.messages:
+            self._outstanding.setdefault(m.queue_id, set()).add(m.queue_offset)
+            self._next[m.queue_id] = max(self._next.get(m.queue_id, 0), m.queue_offset + 1)
+            out.append(ConsumedMessage(self, m, self.generation))
+        return out
+
+    def __aiter__(self) -> AsyncIterator[ConsumedMessage]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ConsumedMessage]:
+        while not self._closed:
+            if not self._buffer:
+                self._buffer = await self.fetch()
+                continue
+            yield self._buffer.pop(0)
+
+    def _acked(self, m: ConsumedMessage) -> None:
+        if m._generation != self.generation:
+            return  # acked after a rebalance took its queue: it will be redelivered
+        outstanding = self._outstanding.get(m.msg.queue_id)
+        if outstanding is not None:
+            outstanding.discard(m.msg.queue_offset)
+            self._dirty.add(m.msg.queue_id)
+
+    async def commit(self) -> None:
+        """Commit, per queue, the lowest offset not yet acknowledged."""
+        if not self._dirty:
+            return
+        positions = []
+        for q in sorted(self._dirty):
+            pending = self._outstanding.get(q)
+            if q not in self._next:
+                continue
+            positions.append(QueuePosition(q, min(pending) if pending else self._next[q]))
+        self._dirty.clear()
+        if positions:
+            req = AckRequest(self.group, self.topic, self.member_id, self.generation, positions)
+            try:
+                await self._client.request(Opcode.ACK, req)
+            except StaleGeneration:
+                await self._heartbeat()

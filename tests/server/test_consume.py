@@ -1,0 +1,134 @@
+"""Consuming from a real broker process: round trip, long poll latency, rebalancing without
+loss, broadcast, and offsets across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from sdk import Client, ConsumedMessage, Consumer
+from tests.conftest import BrokerProcess
+
+
+async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:
+    got: list[ConsumedMessage] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"only {len(got)} of {want} messages arrived"
+        batch = await consumer.fetch(timeout_ms=500)
+        for m in batch:
+            m.ack()
+        got.extend(batch)
+    return got
+
+
+async def test_round_trip_in_queue_order(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("orders", queues=2)
+        for i in range(20):
+            await c.send("orders", str(i).encode(), key=f"k{i % 2}", headers={"n": str(i)})
+        async with Consumer(c, "billing", "orders") as consumer:
+            got = await _drain(consumer, 20)
+        per_queue: dict[int, list[int]] = {}
+        for m in got:
+            per_queue.setdefault(m.msg.queue_id, []).append(m.msg.queue_offset)
+            assert m.msg.headers == {"n": m.body.decode()}
+        assert sorted(int(m.body) for m in got) == list(range(20))
+        assert all(offs == sorted(offs) for offs in per_queue.values())
+
+
+async def test_long_poll_answers_within_50_ms_of_a_send(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c, await Client.connect(broker.url) as p:
+        await c.create_topic("lp", queues=1)
+        async with Consumer(c, "g", "lp") as consumer:
+            assert await consumer.fetch(timeout_ms=100) == []  # nothing there: held, then empty
+            latencies = []
+            for i in range(5):
+                pull = asyncio.create_task(consumer.fetch(timeout_ms=10_000))
+                await asyncio.sleep(0.2)  # let the pull reach the broker and park there
+                assert not pull.done()
+                sent = time.perf_counter()
+                await p.send("lp", str(i).encode())
+                msgs = await asyncio.wait_for(pull, 5)
+                latencies.append(time.perf_counter() - sent)
+                assert [m.body for m in msgs] == [str(i).encode()]
+                msgs[0].ack()
+        assert max(latencies) < 0.05, latencies
+
+
+async def test_rebalance_on_join_and_leave_loses_nothing(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("rb", queues=4)
+        for i in range(200):
+            await c.send("rb", str(i).encode())
+        seen: set[int] = set()
+        a = Consumer(c, "g", "rb", member_id="a", max_messages=10)
+        await a.start()
+        first = await a.fetch(timeout_ms=500)
+        assert first and set(a.queues) == {0, 1, 2, 3}
+        for m in first[:5]:  # half processed, half left in flight
+            m.ack()
+            seen.add(int(m.body))
+        await a.commit()
+        b = Consumer(c, "g", "rb", member_id="b", max_messages=50)
+        await b.start()  # joins: generation moves, queues split 2/2
+        await a._heartbeat()
+        assert set(a.queues) | set(b.queues) == {0, 1, 2, 3} and not set(a.queues) & set(b.queues)
+        deadline = time.monotonic() + 20
+        while len(seen) < 200:
+            assert time.monotonic() < deadline, f"lost {sorted(set(range(200)) - seen)[:10]}"
+            for consumer in (a, b):
+                for m in await consumer.fetch(timeout_ms=100):
+                    m.ack()
+                    seen.add(int(m.body))
+                await consumer.commit()
+            if len(seen) > 120 and b.queues != [0, 1, 2, 3]:
+                await b.close()  # b leaves mid-way; a takes its queues back
+                await a._heartbeat()
+                b = a
+        assert seen == set(range(200))
+        await a.close()
+
+
+async def test_broadcast_delivers_everything_to_every_member(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("bc", queues=3)
+        for i in range(30):
+            await c.send("bc", str(i).encode())
+        async with (
+            Consumer(c, "cache", "bc", member_id="x", mode="broadcast") as x,
+            Consumer(c, "cache", "bc", member_id="y", mode="broadcast") as y,
+        ):
+            for consumer in (x, y):
+                got = await _drain(consumer, 30)
+                assert sorted(int(m.body) for m in got) == list(range(30))
+
+
+async def test_offsets_survive_a_restart(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b").start()
+    async with await Client.connect(b.url) as c:
+        await c.create_topic("o", queues=1)
+        for i in range(10):
+            await c.send("o", str(i).encode())
+        async with Consumer(c, "g", "o") as consumer:
+            got = await _drain(consumer, 4)
+            await consumer.commit()
+    assert b.stop() == 0
+    b2 = BrokerProcess(tmp_path / "b").start()
+    try:
+        async with await Client.connect(b2.url) as c, Consumer(c, "g", "o") as consumer:
+            rest = await _drain(consumer, 10 - len(got))
+            assert [int(m.body) for m in rest] == list(range(len(got), 10))
+    finally:
+        b2.stop()
+
+
+async def test_latest_start_skips_history(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("late", queues=1)
+        await c.send("late", b"old")
+        async with Consumer(c, "newcomer", "late", start="latest") as consumer:
+            await c.send("late", b"new")
+            got = await _drain(consumer, 1)
+            assert [m.body for m in got] == [b"new"]

@@ -1,0 +1,176 @@
+"""Consuming: heartbeats, pulls with long polling, and offset commits for consumer groups.
+
+Each (offset owner, topic, queue) has a delivery cursor in memory, tagged with the group
+generation it was set under. A pull reads from the cursor and moves it; an ack commits an
+offset. When the generation changes (a member joined or left), cursors fall back to the
+committed offsets, so whatever was delivered but not acknowledged is delivered again to the
+queue's new owner: at-least-once, never lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Final
+
+from txbroker.errors import InvalidArgument, StaleGeneration
+from txbroker.protocol.messages import (
+    AckRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaveRequest,
+    PulledMessage,
+    PullRequest,
+    PullResponse,
+)
+from txbroker.server.groups import ConsumeMode, GroupCoordinator
+from txbroker.server.longpoll import Notifier
+from txbroker.server.producer import HEADER_PREFIX
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import PROP_KEYS, MessageStore, StoredMessage
+
+__all__ = ["MAX_HOLD_MS", "MAX_PULL_MESSAGES", "PROP_RECONSUME", "ConsumerService"]
+
+# 30 s, RocketMQ's default long-poll suspension: long enough to make idle polling cheap, short
+# enough that a dead connection is noticed by the client's own timeout soon after.
+MAX_HOLD_MS: Final = 30_000
+MAX_PULL_MESSAGES: Final = 1024
+PROP_RECONSUME: Final = "rc"  # reconsume count of a retried message
+
+
+class ConsumerService:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicRegistry,
+        groups: GroupCoordinator,
+        notifier: Notifier,
+    ) -> None:
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._notifier = notifier
+        self._cursors: dict[tuple[str, str, int], tuple[int, int]] = {}  # -> (generation, offset)
+        self._rr = itertools.count()
+
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        topic = self._topics.get(req.topic)
+        try:
+            mode = ConsumeMode(req.mode)
+        except ValueError as e:
+            raise InvalidArgument(f"mode must be clustering or broadcast, not {req.mode!r}") from e
+        if req.start not in ("earliest", "latest", "timestamp"):
+            raise InvalidArgument("start must be earliest, latest or timestamp")
+        generation, queues = self._groups.heartbeat(
+            req.group, topic.name, req.member_id, topic.queues, mode
+        )
+        owner = self._groups.offset_owner(req.group, topic.name, req.member_id)
+        for q in queues:
+            if self._groups.committed(owner, topic.name, q) is None:
+                # Fix the starting point at join time, so "latest" means latest-at-join.
+                start = await self._start_offset(topic.name, q, req.start, req.start_timestamp_ms)
+                self._groups.commit(owner, topic.name, q, start)
+        return HeartbeatResponse(generation, queues)
+
+    async def leave(self, req: LeaveRequest) -> None:
+        self._groups.leave(req.group, req.topic, req.member_id)
+
+    async def _start_offset(self, topic: str, q: int, start: str, ts_ms: int) -> int:
+        lo, hi = self._store.queue_range(topic, q)
+        if start == "earliest":
+            return lo
+        if start == "latest":
+            return hi
+        while lo < hi:  # first message stored at or after ts_ms (store times rise per queue)
+            mid = (lo + hi) // 2
+            got = await self._store.get_messages(topic, q, mid, 1)
+            if got.messages and got.messages[0].store_timestamp_ms < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    async def pull(self, req: PullRequest) -> PullResponse:
+        if not 1 <= req.max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max_messages must be 1..{MAX_PULL_MESSAGES}")
+        topic = self._topics.get(req.topic).name
+        queues = self._groups.check(req.group, topic, req.member_id, req.generation)
+        owner = self._groups.offset_owner(req.group, topic, req.member_id)
+        hold_s = min(max(req.hold_ms, 0), MAX_HOLD_MS) / 1000
+        deadline = time.monotonic() + hold_s
+        if queues:
+            shift = next(self._rr) % len(queues)  # fairness: start at a different queue each time
+            queues = queues[shift:] + queues[:shift]
+        while True:
+            with self._notifier.watch((topic, q) for q in queues) as watch:
+                out = await self._read(owner, topic, queues, req)
+                if out or not queues:
+                    return PullResponse(out)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await watch.wait(remaining):
+                    return PullResponse([])
+            # Woken: the generation may have moved while we waited.
+            queues = self._groups.check(req.group, topic, req.member_id, req.generation)
+
+    async def _read(
+        self, owner: str, topic: str, queues: list[int], req: PullRequest
+    ) -> list[PulledMessage]:
+        out: list[PulledMessage] = []
+        for q in queues:
+            if len(out) >= req.max_messages:
+                break
+            offset = self._cursor(owner, topic, q, req.generation)
+            got = await self._store.get_messages(
+                topic, q, offset, req.max_messages - len(out), req.tags
+            )
+            self._cursors[(owner, topic, q)] = (req.generation, got.next_offset)
+            out.extend(_pulled(m) for m in got.messages)
+        return out
+
+    def _cursor(self, owner: str, topic: str, q: int, generation: int) -> int:
+        cur = self._cursors.get((owner, topic, q))
+        if cur is not None and cur[0] == generation:
+            return cur[1]
+        committed = self._groups.committed(owner, topic, q)
+        return committed if committed is not None else self._store.queue_range(topic, q)[0]
+
+    async def ack(self, req: AckRequest) -> None:
+        topic = self._topics.get(req.topic).name
+        queues = set(self._groups.check(req.group, topic, req.member_id, req.generation))
+        owner = self._groups.offset_owner(req.group, topic, req.member_id)
+        for pos in req.positions:
+            if pos.queue_id not in queues:
+                raise StaleGeneration(f"queue {pos.queue_id} is not assigned to {req.member_id!r}")
+            lo, hi = self._store.queue_range(topic, pos.queue_id)
+            if not lo <= pos.offset <= hi:
+                raise InvalidArgument(f"offset {pos.offset} is outside queue range {lo}..{hi}")
+        for pos in req.positions:
+            self._groups.commit(owner, topic, pos.queue_id, pos.offset)
+
+    def lag(self, owner: str, topic: str) -> dict[int, int]:
+        """Messages not yet committed, per queue."""
+        t = self._topics.get(topic)
+        out: dict[int, int] = {}
+        for q in range(t.queues):
+            lo, hi = self._store.queue_range(topic, q)
+            committed = self._groups.committed(owner, topic, q)
+            out[q] = hi - max(committed if committed is not None else lo, lo)
+        return out
+
+
+def _pulled(m: StoredMessage) -> PulledMessage:
+    props = m.properties
+    headers = {k[len(HEADER_PREFIX) :]: v for k, v in props.items() if k.startswith(HEADER_PREFIX)}
+    return PulledMessage(
+        message_id=m.message_id or "",
+        topic=m.topic,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        body=m.body,
+        key=props.get(PROP_KEYS),
+        tags=m.tags,
+        headers=headers,
+        born_ms=m.born_timestamp_ms,
+        store_ms=m.store_timestamp_ms,
+        reconsume_count=int(props.get(PROP_RECONSUME, "0")),
+    )
