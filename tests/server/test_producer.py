@@ -103,3 +103,13 @@ async def test_bad_sends(
     with pytest.raises(error):
         await prod.send_batch([SendRequest("orders", b"ok"), req])
     assert store.write_offset == 0
+
+
+async def test_delayed_sends_are_refused_until_supported(
+    tmp_path: Path, open_store: OpenStore
+) -> None:
+    store = await open_store()
+    prod = Producer(store, _registry(tmp_path / "meta"))
+    with pytest.raises(InvalidArgument, match="not supported yet"):
+        await prod.send(SendRequest("orders", b"x", deliver_at_ms=1))
+    assert store.write_offset == 0

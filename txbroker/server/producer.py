@@ -65,6 +65,9 @@ class Producer:
 
     def to_message(self, req: SendRequest) -> Message:
         topic = self._topics.get(req.topic)
+        if req.deliver_at_ms is not None:
+            # Refuse rather than deliver early: the delay scheduler is not built yet.
+            raise InvalidArgument("delayed delivery (deliver_at_ms) is not supported yet")
         for name, value in (
             ("key", req.key),
             ("tags", req.tags),
