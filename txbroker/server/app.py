@@ -13,6 +13,7 @@ from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
+from txbroker.server.delay import DelayScheduler
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_handlers
 from txbroker.server.longpoll import Notifier
@@ -34,6 +35,7 @@ class BrokerServer:
             config.data_dir / "meta", session_timeout_ms=config.session_timeout_ms
         )
         self.consumer: ConsumerService | None = None
+        self.scheduler: DelayScheduler | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
@@ -45,8 +47,17 @@ class BrokerServer:
         self.topics.load()
         self.groups.load()
         notifier = Notifier()
+        self.scheduler = DelayScheduler(
+            self.store, self.topics, cfg.data_dir / "meta", notifier.notify
+        )
+        self.scheduler.load()
+        self.scheduler.start()
         producer = Producer(
-            self.store, self.topics, dedup_window_ms=cfg.dedup_window_ms, notifier=notifier
+            self.store,
+            self.topics,
+            dedup_window_ms=cfg.dedup_window_ms,
+            notifier=notifier,
+            scheduler=self.scheduler,
         )
         self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier)
         handlers = build_handlers(self.store, self.topics, producer, self.consumer)
@@ -73,6 +84,8 @@ class BrokerServer:
             self.groups.expire_all()
             try:
                 await asyncio.to_thread(self.groups.save_if_dirty)
+                if self.scheduler is not None:
+                    await asyncio.to_thread(self.scheduler.save_if_dirty)
             except OSError:
                 log.exception("cannot persist consumer offsets; will retry")
 
@@ -96,6 +109,8 @@ class BrokerServer:
         if self._server is not None:
             await self._server.wait_closed()
         await asyncio.to_thread(self.groups.save_if_dirty)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         if self.store is not None:
             await self.store.close()
 

@@ -21,6 +21,12 @@ import google_crc32c
 
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.messages import SendReceipt, SendRequest
+from txbroker.server.delay import (
+    PROP_TARGET_QUEUE,
+    PROP_TARGET_TOPIC,
+    SCHEDULE_TOPIC,
+    DelayScheduler,
+)
 from txbroker.server.longpoll import Notifier
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import (
@@ -28,6 +34,7 @@ from txbroker.store import (
     PROP_KEYS,
     PROP_MESSAGE_ID,
     PROP_TAGS,
+    AppendResult,
     KeyKind,
     Message,
     MessageStore,
@@ -40,6 +47,7 @@ HEADER_PREFIX: Final = "h."  # user headers live in record properties under this
 # Keys, tags and idempotency keys are identifiers, not payload: 1 KiB each is generous.
 MAX_KEY_BYTES: Final = 1024
 DEFAULT_DEDUP_WINDOW_MS: Final = 24 * 3600 * 1000
+SCHEDULED_OFFSET: Final = -1
 
 
 def queue_for_key(key: str, queues: int) -> int:
@@ -55,9 +63,11 @@ class Producer:
         *,
         dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
         notifier: Notifier | None = None,
+        scheduler: DelayScheduler | None = None,
     ) -> None:
         self._store = store
         self._notifier = notifier
+        self._scheduler = scheduler
         self._topics = topics
         self._window_ms = dedup_window_ms
         self._rr = itertools.count()
@@ -65,9 +75,6 @@ class Producer:
 
     def to_message(self, req: SendRequest) -> Message:
         topic = self._topics.get(req.topic)
-        if req.deliver_at_ms is not None:
-            # Refuse rather than deliver early: the delay scheduler is not built yet.
-            raise InvalidArgument("delayed delivery (deliver_at_ms) is not supported yet")
         for name, value in (
             ("key", req.key),
             ("tags", req.tags),
@@ -96,13 +103,20 @@ class Producer:
             props[PROP_MESSAGE_ID] = req.message_id
         return Message(topic.name, req.body, queue_id=qid, properties=props)
 
-    async def send(self, req: SendRequest) -> SendReceipt:
+    def _stored_form(self, req: SendRequest) -> Message:
+        """The message as it is appended: itself, or its schedule copy when delayed."""
         msg = self.to_message(req)
+        if req.deliver_at_ms is not None and req.deliver_at_ms > time.time_ns() // 1_000_000:
+            if self._scheduler is None:
+                raise InvalidArgument("this broker does not deliver delayed messages")
+            return self._scheduler.prepare(msg, req.deliver_at_ms)
+        return msg
+
+    async def send(self, req: SendRequest) -> SendReceipt:
+        msg = self._stored_form(req)
         ik = req.idempotency_key
         if ik is None:
-            res = await self._store.append(msg)
-            self._notify(res.topic, res.queue_id)
-            return SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
+            return self._after_append(msg, await self._store.append(msg))
         pending = self._inflight.get(ik)
         if pending is not None:
             first = await asyncio.shield(pending)
@@ -114,9 +128,7 @@ class Producer:
             if found is not None:
                 receipt = _receipt(found, duplicate=True)
             else:
-                res = await self._store.append(msg)
-                self._notify(res.topic, res.queue_id)
-                receipt = SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
+                receipt = self._after_append(msg, await self._store.append(msg))
             fut.set_result(receipt)
             return receipt
         except BaseException as e:
@@ -131,16 +143,20 @@ class Producer:
         idempotency keys go through :meth:`send` one by one to keep the dedup guarantee."""
         if any(r.idempotency_key is not None for r in reqs):
             return [await self.send(r) for r in reqs]
-        msgs = [self.to_message(r) for r in reqs]
+        msgs = [self._stored_form(r) for r in reqs]
         results = await self._store.append_batch(msgs)
-        for topic, qid in {(r.topic, r.queue_id) for r in results}:
-            self._notify(topic, qid)
-        return [SendReceipt(r.message_id, r.topic, r.queue_id, r.queue_offset) for r in results]
+        return [self._after_append(m, r) for m, r in zip(msgs, results, strict=True)]
 
-    def _notify(self, topic: str, queue_id: int) -> None:
-        # Called once the append is acknowledged, i.e. readable (durable, in sync mode).
+    def _after_append(self, msg: Message, res: AppendResult) -> SendReceipt:
+        """Wake whoever waits for this queue (the append is acknowledged, so readable: durable
+        in sync mode) and make the producer's receipt."""
+        if res.topic == SCHEDULE_TOPIC:
+            assert self._scheduler is not None
+            self._scheduler.notify(res.queue_id)
+            return _scheduled_receipt(res.message_id, msg.properties)
         if self._notifier is not None:
-            self._notifier.notify(topic, queue_id)
+            self._notifier.notify(res.topic, res.queue_id)
+        return SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
 
     async def _find_stored(self, ik: str) -> StoredMessage | None:
         since = time.time_ns() // 1_000_000 - self._window_ms
@@ -149,7 +165,17 @@ class Producer:
 
 
 def _receipt(m: StoredMessage, *, duplicate: bool) -> SendReceipt:
+    if m.topic == SCHEDULE_TOPIC:
+        r = _scheduled_receipt(m.message_id or "", m.properties)
+        return SendReceipt(r.message_id, r.topic, r.queue_id, r.queue_offset, duplicate)
     return SendReceipt(m.message_id or "", m.topic, m.queue_id, m.queue_offset, duplicate)
+
+
+def _scheduled_receipt(message_id: str, props: dict[str, str]) -> SendReceipt:
+    """A delayed message has no queue offset until it is delivered: -1 says so."""
+    return SendReceipt(
+        message_id, props[PROP_TARGET_TOPIC], int(props[PROP_TARGET_QUEUE]), SCHEDULED_OFFSET
+    )
 
 
 def _as_duplicate(r: SendReceipt) -> SendReceipt:

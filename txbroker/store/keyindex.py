@@ -61,6 +61,7 @@ class KeyKind(enum.IntEnum):
     KEY = 1
     MESSAGE_ID = 2
     IDEMPOTENCY_KEY = 3
+    INTERNAL = 4  # broker-internal dedup keys (scheduler hops), never shown to users
 
 
 def key_hash(kind: int, key: str) -> int:

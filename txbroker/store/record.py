@@ -45,6 +45,7 @@ __all__ = [
     "MAX_PROPERTIES_BYTES",
     "MAX_RECORD_BYTES",
     "PROP_IDEMPOTENCY_KEY",
+    "PROP_INTERNAL_KEY",
     "PROP_KEYS",
     "PROP_MESSAGE_ID",
     "PROP_TAGS",
@@ -95,6 +96,7 @@ PROP_MESSAGE_ID: Final = "id"  # unique message id (UUIDv7 hex), assigned by the
 PROP_KEYS: Final = "keys"  # business keys, space-separated; each is indexed
 PROP_TAGS: Final = "tags"  # one tag, used for server-side filtering via the tag hash
 PROP_IDEMPOTENCY_KEY: Final = "ik"  # producer's idempotency key, indexed for deduplication
+PROP_INTERNAL_KEY: Final = "ix"  # broker-internal dedup key (e.g. a scheduler hop), indexed
 
 KEY_SEPARATOR: Final = " "
 

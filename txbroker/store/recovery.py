@@ -23,6 +23,7 @@ from txbroker.store.keyindex import KeyIndex, KeyKind
 from txbroker.store.record import (
     KEY_SEPARATOR,
     PROP_IDEMPOTENCY_KEY,
+    PROP_INTERNAL_KEY,
     PROP_KEYS,
     PROP_MESSAGE_ID,
     PROP_TAGS,
@@ -95,6 +96,9 @@ def dispatch(
         ik = props.get(PROP_IDEMPOTENCY_KEY)
         if ik:
             index.add(KeyKind.IDEMPOTENCY_KEY, ik, phys, store_ms)
+        ix = props.get(PROP_INTERNAL_KEY)
+        if ix:
+            index.add(KeyKind.INTERNAL, ix, phys, store_ms)
 
 
 def load_queues(root: Path, per_file: int) -> dict[tuple[str, int], ConsumeQueue]:

@@ -54,6 +54,7 @@ from txbroker.store.record import (
     MAGIC_MESSAGE,
     MAX_QUEUE_ID,
     PROP_IDEMPOTENCY_KEY,
+    PROP_INTERNAL_KEY,
     PROP_KEYS,
     PROP_MESSAGE_ID,
     Message,
@@ -578,6 +579,8 @@ def _has_key(msg: StoredMessage, kind: KeyKind, key: str) -> bool:
         return msg.properties.get(PROP_MESSAGE_ID) == key
     if kind is KeyKind.IDEMPOTENCY_KEY:
         return msg.properties.get(PROP_IDEMPOTENCY_KEY) == key
+    if kind is KeyKind.INTERNAL:
+        return msg.properties.get(PROP_INTERNAL_KEY) == key
     return key in msg.properties.get(PROP_KEYS, "").split()
 
 
