@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Final
@@ -26,6 +27,8 @@ from txbroker.protocol.messages import (
     HeartbeatRequest,
     HeartbeatResponse,
     LeaveRequest,
+    NackRequest,
+    NackResponse,
     PulledMessage,
     PullRequest,
     PullResponse,
@@ -52,10 +55,30 @@ class ConsumedMessage:
     def body(self) -> bytes:
         return self.msg.body
 
+    @property
+    def reconsume_count(self) -> int:
+        return self.msg.reconsume_count
+
     def ack(self) -> None:
         if not self.acked:
             self.acked = True
             self._consumer._acked(self)
+
+    async def nack(self) -> NackResponse:
+        """Hand the message back: the broker redelivers it to this group after a growing delay,
+        or moves it to the group's dead-letter topic past the maximum. Then it counts as done."""
+        c = self._consumer
+        req = NackRequest(
+            c.group,
+            c.topic,
+            c.member_id,
+            self._generation,
+            self.msg.queue_id,
+            self.msg.queue_offset,
+        )
+        res: NackResponse = await c._client.request(Opcode.NACK, req)
+        self.ack()
+        return res
 
 
 class Consumer:
@@ -70,6 +93,7 @@ class Consumer:
         start: str = "earliest",
         max_messages: int = 32,
         hold_ms: int = 30_000,
+        with_retries: bool = True,
     ) -> None:
         self._client = client
         self.group = group
@@ -87,6 +111,10 @@ class Consumer:
         self._buffer: list[ConsumedMessage] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        # Nacked messages come back through the group's retry topic; consume it alongside.
+        self._retry: Consumer | None = None
+        self._with_retries = with_retries
+        self._pulls: dict[Consumer, asyncio.Task[list[ConsumedMessage]]] = {}
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -97,18 +125,32 @@ class Consumer:
 
     async def start(self) -> None:
         await self._heartbeat()
+        if self._with_retries and not self.topic.startswith("%"):
+            self._retry = Consumer(
+                self._client,
+                self.group,
+                f"%RETRY%{self.group}",
+                member_id=self.member_id,
+                mode=self._mode,
+                max_messages=self._max,
+                hold_ms=self._hold_ms,
+                with_retries=False,
+            )
+            await self._retry.start()
         self._tasks = [
             asyncio.create_task(self._every(HEARTBEAT_INTERVAL_S, self._heartbeat)),
-            asyncio.create_task(self._every(COMMIT_INTERVAL_S, self.commit)),
+            asyncio.create_task(self._every(COMMIT_INTERVAL_S, self._commit_own)),
         ]
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for t in self._tasks:
+        for t in [*self._tasks, *self._pulls.values()]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._pulls.values(), return_exceptions=True)
+        if self._retry is not None:
+            await self._retry.close()
         with contextlib.suppress(Exception):
             await self.commit()
             await self._client.request(
@@ -136,7 +178,29 @@ class Consumer:
         self.queues = list(res.queues)
 
     async def fetch(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
-        """One pull (long-polling up to ``timeout_ms``); [] when nothing arrived."""
+        """Messages from the topic or the group's retry topic, whichever has some first
+        (long-polling both up to ``timeout_ms``); [] when nothing arrived."""
+        if self._retry is None:
+            return await self._fetch_own(timeout_ms)
+        hold_ms = self._hold_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + hold_ms / 1000
+        while True:
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+            for source in (self, self._retry):
+                if source not in self._pulls:
+                    fetch = source._fetch_own if source is self else source.fetch
+                    self._pulls[source] = asyncio.create_task(fetch(left_ms))
+            done, _ = await asyncio.wait(self._pulls.values(), return_when=asyncio.FIRST_COMPLETED)
+            out: list[ConsumedMessage] = []
+            for source, task in list(self._pulls.items()):
+                if task in done:
+                    del self._pulls[source]
+                    out.extend(task.result())
+            # An empty answer from one source must not end the wait for the other.
+            if out or time.monotonic() >= deadline:
+                return out
+
+    async def _fetch_own(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
         hold = self._hold_ms if timeout_ms is None else timeout_ms
         req = PullRequest(self.group, self.topic, self.member_id, self.generation, self._max, hold)
         try:
@@ -172,7 +236,12 @@ class Consumer:
             self._dirty.add(m.msg.queue_id)
 
     async def commit(self) -> None:
-        """Commit, per queue, the lowest offset not yet acknowledged."""
+        """Commit, per queue, the lowest offset not yet acknowledged (retry topic included)."""
+        await self._commit_own()
+        if self._retry is not None:
+            await self._retry.commit()
+
+    async def _commit_own(self) -> None:
         if not self._dirty:
             return
         positions = []

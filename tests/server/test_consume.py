@@ -4,11 +4,14 @@ loss, broadcast, and offsets across a restart."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
 from sdk import Client, ConsumedMessage, Consumer
 from tests.conftest import BrokerProcess
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import DlqRequest
 
 
 async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:
@@ -169,5 +172,49 @@ async def test_delayed_messages_survive_restart_and_kill(tmp_path: Path) -> None
         for m in got:
             at = targets[m.body.decode()]
             assert at <= m.msg.store_ms <= at + 1000, (m.body, m.msg.store_ms - at)
+    finally:
+        b.stop()
+
+
+async def test_nack_retries_with_delays_then_dead_letters_then_redrive(tmp_path: Path) -> None:
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("retry_delays_ms = [200, 400, 600]\nmax_reconsume = 3\n")
+    b = BrokerProcess(tmp_path / "r", "--config", str(cfg)).start()
+    try:
+        async with await Client.connect(b.url) as c:
+            await c.create_topic("jobs", queues=2)
+            await c.send("jobs", b"poison", key="p")
+            await c.send("jobs", b"fine", key="f")
+            async with Consumer(c, "workers", "jobs") as consumer:
+                attempts: list[tuple[int, float]] = []
+                deadline = time.monotonic() + 20
+                while len(attempts) < 4:
+                    assert time.monotonic() < deadline, attempts
+                    for m in await consumer.fetch(timeout_ms=500):
+                        if m.body == b"fine":
+                            m.ack()
+                            continue
+                        attempts.append((m.reconsume_count, time.monotonic()))
+                        res = await m.nack()
+                        assert res.reconsume_count == m.reconsume_count + 1
+                        assert res.dead_lettered == (res.reconsume_count > 3)
+                assert [rc for rc, _ in attempts] == [0, 1, 2, 3]
+                gaps = [b - a for (_, a), (_, b) in itertools.pairwise(attempts)]
+                for gap, want in zip(gaps, (0.2, 0.4, 0.6), strict=True):
+                    assert want - 0.05 <= gap <= want + 1.0, gaps
+                # Dead-lettered after the third retry: it must not come back on its own.
+                assert await consumer.fetch(timeout_ms=1500) == []
+                await consumer.commit()
+            dlq = await c.request(Opcode.DLQ_LIST, DlqRequest("workers"))
+            assert [(m.body, m.original_topic, m.reconsume_count) for m in dlq.messages] == [
+                (b"poison", "jobs", 4)
+            ]
+            first = await c.request(Opcode.DLQ_REDRIVE, DlqRequest("workers"))
+            again = await c.request(Opcode.DLQ_REDRIVE, DlqRequest("workers"))
+            assert (first.redriven, again.redriven) == (1, 0)
+            async with Consumer(c, "workers", "jobs") as consumer:
+                back = await _drain(consumer, 1)
+                assert [(m.body, m.reconsume_count) for m in back] == [(b"poison", 0)]
+                assert await consumer.fetch(timeout_ms=300) == []  # exactly one copy came back
     finally:
         b.stop()

@@ -161,6 +161,44 @@ class AckRequest(msgspec.Struct, frozen=True):
     positions: list[QueuePosition]  # next offset to consume, per queue
 
 
+class NackRequest(msgspec.Struct, frozen=True):
+    group: str
+    topic: str
+    member_id: str
+    generation: int
+    queue_id: int
+    queue_offset: int
+
+
+class NackResponse(msgspec.Struct, frozen=True):
+    reconsume_count: int
+    dead_lettered: bool  # past the maximum: moved to the group's dead-letter topic
+    redeliver_at_ms: int  # 0 when dead-lettered
+
+
+class DlqRequest(msgspec.Struct, frozen=True):
+    group: str
+    max_messages: int = 100
+
+
+class DlqMessage(msgspec.Struct, frozen=True):
+    message_id: str
+    original_topic: str
+    dlq_offset: int
+    reconsume_count: int
+    body: bytes
+    store_ms: int
+
+
+class DlqListResponse(msgspec.Struct, frozen=True):
+    messages: list[DlqMessage]
+    redrive_offset: int  # messages before this were already re-driven
+
+
+class DlqRedriveResponse(msgspec.Struct, frozen=True):
+    redriven: int
+
+
 class Empty(msgspec.Struct, frozen=True):
     pass
 
@@ -178,6 +216,9 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.ACK: AckRequest,
     Opcode.HEARTBEAT: HeartbeatRequest,
     Opcode.LEAVE: LeaveRequest,
+    Opcode.NACK: NackRequest,
+    Opcode.DLQ_LIST: DlqRequest,
+    Opcode.DLQ_REDRIVE: DlqRequest,
 }
 
 RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
@@ -193,6 +234,9 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.ACK: Empty,
     Opcode.HEARTBEAT: HeartbeatResponse,
     Opcode.LEAVE: Empty,
+    Opcode.NACK: NackResponse,
+    Opcode.DLQ_LIST: DlqListResponse,
+    Opcode.DLQ_REDRIVE: DlqRedriveResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()

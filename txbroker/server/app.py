@@ -18,6 +18,7 @@ from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_handlers
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
+from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore, StoreConfig
 
@@ -59,8 +60,17 @@ class BrokerServer:
             notifier=notifier,
             scheduler=self.scheduler,
         )
-        self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier)
-        handlers = build_handlers(self.store, self.topics, producer, self.consumer)
+        retry = RetryService(
+            self.store,
+            self.topics,
+            self.groups,
+            self.scheduler,
+            notifier,
+            delays_ms=cfg.retry_delays_ms,
+            max_reconsume=cfg.max_reconsume,
+        )
+        self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier, retry)
+        handlers = build_handlers(self.store, self.topics, producer, self.consumer, retry)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
         def hello(_: Hello) -> HelloOk:

@@ -11,6 +11,7 @@ from typing import Any
 
 from txbroker.errors import InvalidArgument
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
+from txbroker.server.retry import DEFAULT_RETRY_DELAYS_MS
 from txbroker.store import FlushMode
 
 __all__ = ["ServerConfig"]
@@ -25,6 +26,9 @@ class ServerConfig:
     flush: FlushMode = FlushMode.SYNC
     auth_token: str | None = field(default=None, repr=False)
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS
+    # Consumer retries: delays between attempts and how many before the dead-letter topic.
+    retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
+    max_reconsume: int = 16
     # A consumer that has not heartbeated for this long loses its queues.
     session_timeout_ms: int = 10_000
     # Graceful shutdown waits this long for in-flight requests before closing connections.
@@ -72,11 +76,16 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "dedup_window_ms",
             "shutdown_grace_ms",
             "session_timeout_ms",
+            "max_reconsume",
         ):
             if name in out:
                 out[name] = int(out[name])
         if "data_dir" in out:
             out["data_dir"] = Path(out["data_dir"])
+        if "retry_delays_ms" in out:
+            raw = out["retry_delays_ms"]
+            items = raw.split(",") if isinstance(raw, str) else raw
+            out["retry_delays_ms"] = tuple(int(x) for x in items)
         if "flush" in out:
             out["flush"] = FlushMode(out["flush"])
     except ValueError as e:

@@ -26,16 +26,16 @@ from txbroker.protocol.messages import (
 from txbroker.server.groups import ConsumeMode, GroupCoordinator
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import HEADER_PREFIX
+from txbroker.server.retry import PROP_ORIGINAL_TOPIC, PROP_RECONSUME, RetryService
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import PROP_KEYS, MessageStore, StoredMessage
 
-__all__ = ["MAX_HOLD_MS", "MAX_PULL_MESSAGES", "PROP_RECONSUME", "ConsumerService"]
+__all__ = ["MAX_HOLD_MS", "MAX_PULL_MESSAGES", "ConsumerService"]
 
 # 30 s, RocketMQ's default long-poll suspension: long enough to make idle polling cheap, short
 # enough that a dead connection is noticed by the client's own timeout soon after.
 MAX_HOLD_MS: Final = 30_000
 MAX_PULL_MESSAGES: Final = 1024
-PROP_RECONSUME: Final = "rc"  # reconsume count of a retried message
 
 
 class ConsumerService:
@@ -45,7 +45,9 @@ class ConsumerService:
         topics: TopicRegistry,
         groups: GroupCoordinator,
         notifier: Notifier,
+        retry: RetryService,
     ) -> None:
+        self._retry = retry
         self._store = store
         self._topics = topics
         self._groups = groups
@@ -61,6 +63,7 @@ class ConsumerService:
             raise InvalidArgument(f"mode must be clustering or broadcast, not {req.mode!r}") from e
         if req.start not in ("earliest", "latest", "timestamp"):
             raise InvalidArgument("start must be earliest, latest or timestamp")
+        self._retry.ensure_topics(req.group)  # so the group's consumers can subscribe to them
         generation, queues = self._groups.heartbeat(
             req.group, topic.name, req.member_id, topic.queues, mode
         )
@@ -163,7 +166,7 @@ def _pulled(m: StoredMessage) -> PulledMessage:
     headers = {k[len(HEADER_PREFIX) :]: v for k, v in props.items() if k.startswith(HEADER_PREFIX)}
     return PulledMessage(
         message_id=m.message_id or "",
-        topic=m.topic,
+        topic=props.get(PROP_ORIGINAL_TOPIC, m.topic),
         queue_id=m.queue_id,
         queue_offset=m.queue_offset,
         body=m.body,

@@ -8,10 +8,15 @@ from txbroker.errors import InvalidArgument
 from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
 from txbroker.protocol.messages import (
     AckRequest,
+    DlqListResponse,
+    DlqRedriveResponse,
+    DlqRequest,
     Empty,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaveRequest,
+    NackRequest,
+    NackResponse,
     PullRequest,
     PullResponse,
     SendBatchRequest,
@@ -25,6 +30,7 @@ from txbroker.protocol.messages import (
 from txbroker.server.connection import Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.producer import Producer
+from txbroker.server.retry import RetryService
 from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import MessageStore
 
@@ -32,7 +38,11 @@ __all__ = ["build_handlers"]
 
 
 def build_handlers(
-    store: MessageStore, topics: TopicRegistry, producer: Producer, consumer: ConsumerService
+    store: MessageStore,
+    topics: TopicRegistry,
+    producer: Producer,
+    consumer: ConsumerService,
+    retry: RetryService,
 ) -> dict[int, Handler]:
     def info(t: Topic) -> TopicInfo:
         count = 0
@@ -75,11 +85,23 @@ def build_handlers(
         await consumer.ack(req)
         return Empty()
 
+    async def nack(req: NackRequest) -> NackResponse:
+        return await retry.nack(req)
+
+    async def dlq_list(req: DlqRequest) -> DlqListResponse:
+        return await retry.list_dlq(req.group, req.max_messages)
+
+    async def dlq_redrive(req: DlqRequest) -> DlqRedriveResponse:
+        return await retry.redrive(req.group, req.max_messages)
+
     async def leave(req: LeaveRequest) -> Empty:
         await consumer.leave(req)
         return Empty()
 
     return {
+        Opcode.NACK: nack,
+        Opcode.DLQ_LIST: dlq_list,
+        Opcode.DLQ_REDRIVE: dlq_redrive,
         Opcode.HEARTBEAT: heartbeat,
         Opcode.PULL: pull,
         Opcode.ACK: ack,
