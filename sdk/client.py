@@ -64,7 +64,8 @@ class Client:
     ) -> Client:
         host, port = parse_server_url(url)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError) as e:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {e}") from e
         client = cls(reader, writer)
@@ -93,7 +94,10 @@ class Client:
         self._pending[corr] = (opcode, fut)
         self._writer.write(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
         try:
-            return await asyncio.wait_for(fut, timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # races the answer's arrival, and the caller's task then never stops.
+            async with asyncio.timeout(timeout_s):
+                return await fut
         finally:
             self._pending.pop(corr, None)
 

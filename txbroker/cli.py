@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--recovery-mib", type=_positive, default=256)
     demo.set_defaults(func=_demo)
 
+    from txbroker.cli_client import register
+
+    register(sub)
+
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bsub = bench.add_subparsers(dest="bench", required=True)
     bs = bsub.add_parser("store", help="message store append throughput and latency")

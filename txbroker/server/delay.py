@@ -165,7 +165,8 @@ class DelayScheduler:
                     if got.messages:
                         continue  # a full batch was due: look again at once
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), nap)
+                    async with asyncio.timeout(nap):  # not wait_for: see longpoll.Watch.wait
+                        await wake.wait()
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep the level alive; the next round retries the same head

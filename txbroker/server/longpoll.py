@@ -71,7 +71,10 @@ class Watch:
         if self._fut.done():
             return True
         try:
-            await asyncio.wait_for(asyncio.shield(self._fut), max(timeout_s, 0))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # races the inner future's completion, leaving the task unstoppable.
+            async with asyncio.timeout(max(timeout_s, 0)):
+                await asyncio.shield(self._fut)
             return True
         except TimeoutError:
             return False
