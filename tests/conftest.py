@@ -57,6 +57,8 @@ class BrokerProcess:
         self.extra = extra
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self.http = ""
+        self.log_path = data_dir.parent / "broker.log"
 
     def start(self) -> BrokerProcess:
         cmd = [
@@ -68,17 +70,24 @@ class BrokerProcess:
             str(self.data_dir),
             "--port",
             "0",
+            "--http-port",
+            "0",
             *self.extra,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr goes to a file, not a pipe nobody reads: a chatty broker must never block on it.
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else ""
         if not line.startswith("txbroker ready"):
             self.stop()
-            raise RuntimeError(f"broker did not start: {line!r}")
+            raise RuntimeError(f"broker did not start: {line!r}; see {self.log_path}")
         addr = line.split("tcp=")[1].split()[0]
         self.url = f"txb://{addr}"
+        self.http = "http://" + line.split("http=")[1].split()[0]
         return self
 
     def kill(self) -> None:

@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 
+import uvicorn
+
 from txbroker import __version__
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
@@ -16,6 +18,7 @@ from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_handlers
+from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
@@ -38,6 +41,9 @@ class BrokerServer:
         self.consumer: ConsumerService | None = None
         self.scheduler: DelayScheduler | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._http: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self.http_port = 0
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self.port = 0
@@ -86,6 +92,31 @@ class BrokerServer:
             reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        app = build_http_app(
+            self.store,
+            self.topics,
+            self.groups,
+            self.consumer,
+            self.scheduler,
+            extra_metrics=lambda: [
+                "# TYPE txb_connections gauge",
+                f"txb_connections {len(self._connections)}",
+                "# TYPE txb_longpoll_waiting gauge",
+                f"txb_longpoll_waiting {notifier.waiting}",
+            ],
+        )
+        self._http = uvicorn.Server(
+            uvicorn.Config(
+                app, host=cfg.host, port=cfg.http_port, log_level="warning", lifespan="off"
+            )
+        )
+        self._http_task = asyncio.create_task(self._http.serve(), name="txb-http")
+        while not self._http.started:  # bounded: uvicorn binds at once or its task fails
+            if self._http_task.done():
+                self._http_task.result()  # raises the bind error (port in use, ...)
+                raise RuntimeError("the HTTP admin server stopped before it started")
+            await asyncio.sleep(0.01)
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
 
     async def _housekeep(self) -> None:
         """Expire silent group members and persist committed offsets, once a second."""
@@ -104,6 +135,9 @@ class BrokerServer:
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            await asyncio.gather(self._http_task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         conns = list(self._connections)
@@ -133,7 +167,8 @@ async def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(
-        f"txbroker ready tcp={config.host}:{server.port} data={config.data_dir} "
+        f"txbroker ready tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
+        f"data={config.data_dir} "
         f"flush={config.flush.value}",
         flush=True,
     )

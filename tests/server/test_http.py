@@ -1,0 +1,57 @@
+"""The HTTP admin API of a real broker process."""
+
+from __future__ import annotations
+
+import httpx
+
+from sdk import Client, Consumer
+from tests.conftest import BrokerProcess
+
+
+async def test_admin_endpoints(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c, httpx.AsyncClient(base_url=broker.http) as h:
+        assert (await h.get("/healthz")).json() == {"status": "ok", "store": "open"}
+        await c.create_topic("orders", queues=2)
+        r1 = await c.send("orders", b'{"n": 1}', key="order-1", headers={"h": "v"})
+        await c.send("orders", b"\xff", key="order-2")
+        topics = (await h.get("/v1/topics")).json()["topics"]
+        assert topics[0]["topic"] == "orders"
+        assert sum(q["max_offset"] for q in topics[0]["queues"]) == 2
+
+        by_key = (await h.get("/v1/messages", params={"topic": "orders", "key": "order-1"})).json()
+        [m] = by_key["messages"]
+        assert (
+            m["message_id"] == r1.message_id
+            and m["body"] == '{"n": 1}'
+            and m["headers"] == {"h": "v"}
+        )
+        binary = (await h.get("/v1/messages", params={"topic": "orders", "key": "order-2"})).json()
+        assert binary["messages"][0]["encoding"] == "base64"
+        by_id = (await h.get(f"/v1/messages/{r1.message_id}")).json()
+        assert by_id["keys"] == ["order-1"]
+
+        async with Consumer(c, "billing", "orders") as consumer:
+            got = await consumer.fetch(timeout_ms=500)
+            got[0].ack()
+            await consumer.commit()
+            groups = (await h.get("/v1/groups")).json()["groups"]
+            [g] = [g for g in groups if g["group"] == "billing"]
+            assert g["total_lag"] == 2 - 1 and g["members"] == [consumer.member_id]
+            metrics = (await h.get("/metrics")).text
+        assert 'txb_topic_messages{topic="orders"} 2' in metrics
+        assert 'txb_group_lag{group="billing",topic="orders"} 1' in metrics
+        assert "txb_fsync_total" in metrics and "txb_connections" in metrics
+
+
+async def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:
+    async with httpx.AsyncClient(base_url=broker.http) as h:
+        r = await h.get("/v1/messages", params={"topic": "orders"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_ARGUMENT"
+        r = await h.get("/v1/messages", params={"topic": "nope", "key": "k"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+        r = await h.get("/v1/messages", params={"topic": "bad/name", "key": "k"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_NAME"
+        r = await h.get("/v1/messages/0123")
+        assert r.status_code == 404
+        r = await h.get("/no/such/thing")
+        assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]

@@ -1,0 +1,187 @@
+"""The HTTP admin API (Starlette), served by uvicorn inside the broker's event loop.
+
+    GET /healthz                       liveness and store state
+    GET /v1/topics                     topics with per-queue offsets
+    GET /v1/groups                     consumer groups with lag per queue
+    GET /v1/messages?topic=T&key=K     messages of a topic by business key
+    GET /v1/messages/{message_id}      one message by id
+    GET /metrics                       Prometheus text exposition
+
+Errors are JSON ``{"error": {"code", "message"}}`` with a status that fits the error class.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from txbroker.errors import InvalidArgument, NotFound, TxbError
+from txbroker.server.consumer import ConsumerService
+from txbroker.server.delay import DelayScheduler
+from txbroker.server.groups import GroupCoordinator
+from txbroker.server.producer import HEADER_PREFIX
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import KeyKind, MessageStore, StoredMessage
+
+__all__ = ["build_http_app"]
+
+_STATUS: dict[type[TxbError], int] = {NotFound: 404, InvalidArgument: 400}
+MAX_LOOKUP: int = 100
+
+
+def _status(err: TxbError) -> int:
+    for cls in type(err).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return 503 if err.retriable else 500
+
+
+def _error(err: TxbError) -> JSONResponse:
+    return JSONResponse({"error": {"code": err.code, "message": str(err)}}, _status(err))
+
+
+def _message_json(m: StoredMessage) -> dict[str, Any]:
+    try:
+        body, encoding = m.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(m.body).decode(), "base64"
+    return {
+        "message_id": m.message_id,
+        "topic": m.topic,
+        "queue": m.queue_id,
+        "offset": m.queue_offset,
+        "keys": m.keys,
+        "tags": m.tags,
+        "headers": {
+            k[len(HEADER_PREFIX) :]: v
+            for k, v in m.properties.items()
+            if k.startswith(HEADER_PREFIX)
+        },
+        "born_ms": m.born_timestamp_ms,
+        "store_ms": m.store_timestamp_ms,
+        "body": body,
+        "encoding": encoding,
+    }
+
+
+def build_http_app(
+    store: MessageStore,
+    topics: TopicRegistry,
+    groups: GroupCoordinator,
+    consumer: ConsumerService,
+    scheduler: DelayScheduler,
+    extra_metrics: Callable[[], list[str]] | None = None,
+) -> Starlette:
+    def guarded(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                result: Response = await fn(request)
+                return result
+            except TxbError as e:
+                return _error(e)
+
+        return endpoint
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok", "store": store.state.value})
+
+    async def list_topics(_: Request) -> Response:
+        out = []
+        for t in topics.list():
+            queues = []
+            for q in range(t.queues):
+                lo, hi = store.queue_range(t.name, q)
+                queues.append({"queue": q, "min_offset": lo, "max_offset": hi})
+            out.append({"topic": t.name, "queues": queues, "created_ms": t.created_ms})
+        return JSONResponse({"topics": out})
+
+    async def list_groups(_: Request) -> Response:
+        out = []
+        for owner, topic in sorted(groups.groups()):
+            if topic.startswith("%"):
+                continue
+            try:
+                lag = consumer.lag(owner, topic)
+            except NotFound:
+                continue  # the topic was deleted since
+            out.append(
+                {
+                    "group": owner,
+                    "topic": topic,
+                    "members": sorted(groups.members(owner.split("@")[0], topic)),
+                    "lag": {str(q): v for q, v in lag.items()},
+                    "total_lag": sum(lag.values()),
+                }
+            )
+        return JSONResponse({"groups": out})
+
+    async def messages_by_key(request: Request) -> Response:
+        topic = request.query_params.get("topic")
+        key = request.query_params.get("key")
+        if not topic or not key:
+            raise InvalidArgument("give both ?topic= and ?key=")
+        topics.get(topic)
+        found = await store.lookup(KeyKind.KEY, key, limit=MAX_LOOKUP)
+        # Half messages and other internal copies live in internal topics: never shown here.
+        return JSONResponse({"messages": [_message_json(m) for m in found if m.topic == topic]})
+
+    async def message_by_id(request: Request) -> Response:
+        mid = request.path_params["message_id"]
+        for m in await store.lookup(KeyKind.MESSAGE_ID, mid, limit=8):
+            if not m.topic.startswith("%"):
+                return JSONResponse(_message_json(m))
+        raise NotFound(f"no message with id {mid!r}")
+
+    async def metrics(_: Request) -> Response:
+        c = store.committer
+        lines = [
+            "# TYPE txb_store_write_offset_bytes gauge",
+            f"txb_store_write_offset_bytes {store.write_offset}",
+            "# TYPE txb_store_flushed_offset_bytes gauge",
+            f"txb_store_flushed_offset_bytes {store.flushed_offset}",
+            "# TYPE txb_fsync_total counter",
+            f"txb_fsync_total {c.fsync_count}",
+            "# TYPE txb_fsync_records_total counter",
+            f"txb_fsync_records_total {c.fsync_records}",
+            "# TYPE txb_delay_pending gauge",
+            f"txb_delay_pending {scheduler.pending()}",
+            "# TYPE txb_topic_messages gauge",
+        ]
+        for t in topics.list():
+            total = sum(
+                hi - lo for lo, hi in (store.queue_range(t.name, q) for q in range(t.queues))
+            )
+            lines.append(f'txb_topic_messages{{topic="{t.name}"}} {total}')
+        lines.append("# TYPE txb_group_lag gauge")
+        for owner, topic in sorted(groups.groups()):
+            if topic.startswith("%"):
+                continue
+            try:
+                lag = sum(consumer.lag(owner, topic).values())
+            except NotFound:
+                continue
+            lines.append(f'txb_group_lag{{group="{owner}",topic="{topic}"}} {lag}')
+        if extra_metrics is not None:
+            lines.extend(extra_metrics())
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+
+    return Starlette(
+        routes=[
+            Route("/healthz", guarded(healthz)),
+            Route("/v1/topics", guarded(list_topics)),
+            Route("/v1/groups", guarded(list_groups)),
+            Route("/v1/messages", guarded(messages_by_key)),
+            Route("/v1/messages/{message_id}", guarded(message_by_id)),
+            Route("/metrics", guarded(metrics)),
+        ],
+        exception_handlers={404: not_found},
+    )
