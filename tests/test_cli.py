@@ -92,3 +92,41 @@ def test_bench_disk(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert set(res) == {"8", "64"} and all(v > 0 for v in res.values())
+
+
+def test_bench_produce_and_e2e_small(tmp_path: Path) -> None:
+    out = _txbroker(
+        "bench",
+        "produce",
+        "--messages",
+        "400",
+        "--producers",
+        "2",
+        "--batch",
+        "8",
+        "--runs",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    med = json.loads(out.stdout)["median"]
+    assert med["messages"] == 400 and med["msgs_per_s"] > 0 and med["ack_latency"]["p50_ms"] > 0
+    out = _txbroker(
+        "bench",
+        "e2e",
+        "--rate",
+        "200",
+        "--seconds",
+        "1",
+        "--runs",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    med = json.loads(out.stdout)["median"]
+    assert med["messages"] == 200 and 0 < med["latency"]["p50_ms"] <= med["latency"]["max_ms"]
+    assert list(tmp_path.iterdir()) == []  # brokers stopped, directories removed

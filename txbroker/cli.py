@@ -121,6 +121,61 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_produce(args: argparse.Namespace) -> int:
+    from txbroker.bench.broker_bench import bench_produce
+
+    root = Path(args.data_dir) if args.data_dir else None
+    res = bench_produce(
+        args.messages,
+        args.size,
+        args.producers,
+        args.batch,
+        args.inflight,
+        args.flush,
+        args.runs,
+        root,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(res))
+    else:
+        m = res["median"]
+        assert isinstance(m, dict)
+        lat = m["ack_latency"]
+        mode = f"batches of {m['batch']}" if m["batch"] > 1 else f"{m['inflight']} in flight"
+        print(
+            f"produce bench: {int(m['messages']):,} x {int(m['size'])} B, {int(m['producers'])} "
+            f"producer(s), {mode}, flush={m['flush']} (median of {res['runs']})\n"
+            f"  throughput    {m['msgs_per_s']:>10,.0f} msgs/s  {m['mb_per_s']:,.1f} MB/s\n"
+            f"  ack latency   p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
+            f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms"
+        )
+    return 0
+
+
+def _bench_e2e(args: argparse.Namespace) -> int:
+    from txbroker.bench.broker_bench import bench_e2e
+
+    root = Path(args.data_dir) if args.data_dir else None
+    res = bench_e2e(
+        args.rate, args.seconds, args.size, args.flush, args.runs, root, progress=not args.json
+    )
+    if args.json:
+        print(json.dumps(res))
+    else:
+        m = res["median"]
+        assert isinstance(m, dict)
+        lat = m["latency"]
+        print(
+            f"e2e bench: {m['rate']:,} msgs/s for {int(m['messages']):,} messages of "
+            f"{int(m['size'])} B, flush={m['flush']} (median of {res['runs']}), achieved "
+            f"{m['achieved_rate']:,.0f} msgs/s\n"
+            f"  publish-to-consume  p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
+            f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms"
+        )
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -176,6 +231,28 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
     bs.add_argument("--json", action="store_true", help="print one JSON object")
     bs.set_defaults(func=_bench_store)
+    bp = bsub.add_parser("produce", help="producer throughput against a real broker")
+    bp.add_argument("--messages", type=_positive, default=200_000)
+    bp.add_argument("--size", type=_non_negative, default=1024)
+    bp.add_argument("--producers", type=_positive, default=4, help="client connections")
+    bp.add_argument("--batch", type=_positive, default=1, help="messages per request (1: single)")
+    bp.add_argument("--inflight", type=_positive, default=64, help="single sends in flight each")
+    bp.add_argument("--flush", choices=["sync", "async"], default="sync")
+    bp.add_argument("--runs", type=_positive, default=3)
+    bp.add_argument("--data-dir")
+    bp.add_argument("--json", action="store_true")
+    bp.set_defaults(func=_bench_produce)
+
+    be = bsub.add_parser("e2e", help="publish-to-consume latency at a fixed rate")
+    be.add_argument("--rate", type=_positive, default=5000, help="messages per second")
+    be.add_argument("--seconds", type=float, default=10.0)
+    be.add_argument("--size", type=_non_negative, default=1024)
+    be.add_argument("--flush", choices=["sync", "async"], default="sync")
+    be.add_argument("--runs", type=_positive, default=3)
+    be.add_argument("--data-dir")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=_bench_e2e)
+
     bd = bsub.add_parser("disk", help="the disk's write+fdatasync ceiling per batch size")
     bd.add_argument("--batch", type=_positive, nargs="+", default=[32, 64, 128])
     bd.add_argument("--record-bytes", type=_positive, default=1104, help="1 KiB body + header")

@@ -1,0 +1,265 @@
+"""`txbroker bench produce` and `txbroker bench e2e`: a real broker process, clients over TCP.
+
+produce: K producer connections send N messages, as single sends with a window of requests in
+flight per connection, or as batches; reports throughput and acknowledgement latency.
+
+e2e: one producer at a fixed rate, one consumer group member long-polling; each body carries its
+send time, so the consumer measures publish-to-consume latency.
+
+Both start `txbroker serve` on free ports in a temporary data directory and stop it after.
+The first 10% of messages are warm-up and are left out of the latency figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from txbroker.protocol.messages import SendRequest
+
+WARMUP_FRACTION = 0.1
+_STAMP = struct.Struct(">d")  # e2e bodies start with the sender's perf_counter()
+
+
+@contextlib.contextmanager
+def broker_process(flush: str, data_root: Path | None = None) -> Iterator[str]:
+    """Run `txbroker serve` on free ports; yield its txb:// address."""
+    root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
+    cmd = [
+        sys.executable,
+        "-m",
+        "txbroker.cli",
+        "serve",
+        "--data-dir",
+        str(root / "data"),
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--flush",
+        flush,
+    ]
+    with open(root / "broker.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("txbroker ready"):
+            raise RuntimeError(f"the broker did not start: {(root / 'broker.log').read_text()}")
+        yield "txb://" + line.split("tcp=")[1].split()[0]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0, "max_ms": 0.0}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 3)
+
+    return {
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "p999_ms": at(0.999),
+        "max_ms": round(v[-1] * 1000, 3),
+    }
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    flush: str
+    messages: int
+    size: int
+    producers: int
+    batch: int
+    inflight: int
+    seconds: float
+    msgs_per_s: float
+    mb_per_s: float
+    ack_latency: dict[str, float]
+
+
+async def _produce(
+    url: str, messages: int, size: int, producers: int, batch: int, inflight: int
+) -> ProduceResult:
+    from sdk import Client
+
+    body = os.urandom(size)
+    per = messages // producers
+    latencies: list[float] = []
+    warm = int(per * WARMUP_FRACTION)
+    clients = [await Client.connect(url) for _ in range(producers)]
+    await clients[0].create_topic("bench", queues=8)
+
+    async def producer(c: Client) -> None:
+        mine: list[float] = []
+        if batch > 1:
+            for i in range(0, per, batch):
+                n = min(batch, per - i)
+                t = time.perf_counter()
+                await c.send_batch([SendRequest("bench", body)] * n)
+                if i >= warm:
+                    mine.append(time.perf_counter() - t)
+        else:
+            sem = asyncio.Semaphore(inflight)
+            counter = iter(range(per))
+
+            async def one() -> None:
+                for i in counter:
+                    async with sem:
+                        t = time.perf_counter()
+                        await c.send("bench", body)
+                        if i >= warm:
+                            mine.append(time.perf_counter() - t)
+
+            await asyncio.gather(*(one() for _ in range(inflight)))
+        latencies.extend(mine)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(producer(c) for c in clients))
+    elapsed = time.perf_counter() - t0
+    for c in clients:
+        await c.close()
+    done = per * producers
+    rate = done / elapsed
+    return ProduceResult(
+        "",
+        done,
+        size,
+        producers,
+        batch,
+        inflight,
+        round(elapsed, 3),
+        round(rate),
+        round(rate * size / 1e6, 2),
+        _pcts(latencies),
+    )
+
+
+def bench_produce(
+    messages: int,
+    size: int,
+    producers: int,
+    batch: int,
+    inflight: int,
+    flush: str,
+    runs: int,
+    data_root: Path | None = None,
+    progress: bool = True,
+) -> dict[str, object]:
+    results = []
+    for i in range(runs):
+        if progress:
+            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
+        with broker_process(flush, data_root) as url:
+            r = asyncio.run(_produce(url, messages, size, producers, batch, inflight))
+            results.append(ProduceResult(flush, *list(asdict(r).values())[1:]))
+    return _summary(results)
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    flush: str
+    rate: int
+    messages: int
+    size: int
+    achieved_rate: float
+    latency: dict[str, float]
+
+
+async def _e2e(url: str, rate: int, seconds: float, size: int) -> tuple[float, list[float]]:
+    from sdk import Client, Consumer
+
+    total = int(rate * seconds)
+    pad = os.urandom(max(size - _STAMP.size, 0))
+    async with await Client.connect(url) as pc, await Client.connect(url) as cc:
+        await pc.create_topic("e2e", queues=4)
+        received: list[float] = []
+        done = asyncio.Event()
+
+        async def consume() -> None:
+            async with Consumer(cc, "bench", "e2e", hold_ms=1000, max_messages=256) as consumer:
+                while len(received) < total:
+                    for m in await consumer.fetch():
+                        received.append(time.perf_counter() - _STAMP.unpack_from(m.body)[0])
+                        m.ack()
+            done.set()
+
+        consumer_task = asyncio.create_task(consume())
+        await asyncio.sleep(0.5)  # let the consumer join before the clock starts
+        start = time.perf_counter()
+        sends: set[asyncio.Task[object]] = set()
+        for i in range(total):
+            target = start + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = _STAMP.pack(time.perf_counter()) + pad
+            task: asyncio.Task[object] = asyncio.create_task(pc.send("e2e", body))
+            sends.add(task)
+            task.add_done_callback(sends.discard)
+        await asyncio.gather(*sends)
+        sent_s = time.perf_counter() - start
+        async with asyncio.timeout(60):
+            await done.wait()
+        await consumer_task
+    return total / sent_s, received[int(total * WARMUP_FRACTION) :]
+
+
+def bench_e2e(
+    rate: int,
+    seconds: float,
+    size: int,
+    flush: str,
+    runs: int,
+    data_root: Path | None = None,
+    progress: bool = True,
+) -> dict[str, object]:
+    results = []
+    for i in range(runs):
+        if progress:
+            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
+        with broker_process(flush, data_root) as url:
+            achieved, lat = asyncio.run(_e2e(url, rate, seconds, size))
+            results.append(
+                E2EResult(flush, rate, int(rate * seconds), size, round(achieved), _pcts(lat))
+            )
+    return _summary(results)
+
+
+def _summary(results: list[ProduceResult] | list[E2EResult]) -> dict[str, object]:
+    rows = [asdict(r) for r in results]
+    med: dict[str, object] = {}
+    for k, v in rows[0].items():
+        if isinstance(v, dict):
+            med[k] = {kk: statistics.median(r[k][kk] for r in rows) for kk in v}
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            med[k] = statistics.median(r[k] for r in rows)
+        else:
+            med[k] = v
+    return {"runs": len(rows), "median": med, "all": rows}
