@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,27 +51,87 @@ def parse_server_url(url: str) -> tuple[str, int]:
 
 
 class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+    """One connection to the broker. When the connection drops, requests in flight fail with
+    :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency key); the next
+    request reconnects, backing off exponentially, for up to ``reconnect_s`` seconds."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
+    ) -> None:
+        self._url = url
+        self._host, self._port = parse_server_url(url)
+        self._token = auth_token
+        self._timeout_s = timeout_s
+        self._reconnect_s = reconnect_s
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         self._ids = itertools.count(1)
-        self._closed: TxbError | None = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._closed: TxbError | None = ConnectionClosed("not connected yet")
+        self._user_closed = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connect_lock = asyncio.Lock()
+        self.reconnects = 0
 
     @classmethod
     async def connect(
-        cls, url: str, *, auth_token: str | None = None, timeout_s: float = 10.0
+        cls,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
     ) -> Client:
-        host, port = parse_server_url(url)
-        try:
-            async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as e:
-            raise ConnectionClosed(f"cannot connect to {host}:{port}: {e}") from e
-        client = cls(reader, writer)
-        await client.request(Opcode.HELLO, Hello("python-sdk", auth_token), timeout_s=timeout_s)
+        client = cls(url, auth_token=auth_token, timeout_s=timeout_s, reconnect_s=reconnect_s)
+        await client._open()
         return client
+
+    async def _open(self) -> None:
+        """One connection attempt: TCP, then HELLO (which checks the auth token)."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+        except (OSError, TimeoutError) as e:
+            raise ConnectionClosed(f"cannot connect to {self._host}:{self._port}: {e}") from e
+        self._writer = writer
+        self._closed = None
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+        try:
+            await self._send_request(
+                Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
+            )
+        except BaseException:
+            await self._drop()
+            raise
+
+    async def _ensure_connected(self) -> None:
+        if self._closed is None:
+            return
+        if self._user_closed or not isinstance(self._closed, ConnectionClosed):
+            raise self._closed  # closed by us, or refused (auth, protocol): do not retry
+        async with self._connect_lock:
+            if self.connected:
+                return  # another request reconnected meanwhile
+            deadline = time.monotonic() + self._reconnect_s
+            backoff = 0.05
+            while True:
+                try:
+                    await self._open()
+                    self.reconnects += 1
+                    return
+                except ConnectionClosed:
+                    if time.monotonic() + backoff > deadline:
+                        raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)  # 50 ms doubling, capped: a restart is seconds
+
+    @property
+    def connected(self) -> bool:
+        return self._closed is None
 
     async def __aenter__(self) -> Client:
         return self
@@ -79,16 +140,27 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        self._user_closed = True
         self._fail(ConnectionClosed("the client closed the connection"))
-        self._writer.close()
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
-        self._reader_task.cancel()
-        await asyncio.gather(self._reader_task, return_exceptions=True)
+        await self._drop()
+
+    async def _drop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError):
+                await self._writer.wait_closed()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
 
     async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+        await self._ensure_connected()
+        return await self._send_request(opcode, body, timeout_s)
+
+    async def _send_request(self, opcode: Opcode, body: Any, timeout_s: float | None) -> Any:
         if self._closed is not None:
             raise self._closed
+        assert self._writer is not None
         corr = next(self._ids) & 0xFFFFFFFF
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[corr] = (opcode, fut)
@@ -101,11 +173,11 @@ class Client:
         finally:
             self._pending.pop(corr, None)
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         decoder = FrameDecoder()
         try:
             while True:
-                data = await self._reader.read(65536)
+                data = await reader.read(65536)
                 if not data:
                     self._fail(ConnectionClosed("the broker closed the connection"))
                     return

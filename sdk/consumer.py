@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 from sdk.client import Client
-from txbroker.errors import StaleGeneration
+from txbroker.errors import StaleGeneration, TxbError
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     AckRequest,
@@ -161,7 +161,9 @@ class Consumer:
         assert callable(fn)
         while True:
             await asyncio.sleep(interval)
-            with contextlib.suppress(StaleGeneration):
+            # A broker restart or a rebalance must not end the heartbeats: the next round
+            # reconnects (the client backs off) or re-learns the assignment.
+            with contextlib.suppress(TxbError):
                 await fn()
 
     async def _heartbeat(self) -> None:

@@ -23,7 +23,7 @@ from txbroker.errors import (
 )
 from txbroker.protocol.codec import encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
-from txbroker.protocol.messages import SendRequest
+from txbroker.protocol.messages import AckRequest, QueuePosition, SendRequest
 
 
 async def test_topics_and_sends_round_trip(broker: BrokerProcess) -> None:
@@ -143,3 +143,32 @@ async def test_connecting_to_nothing_is_a_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ConnectionClosed, match="cannot connect"):
         await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=2)
+
+
+async def test_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = BrokerProcess(tmp_path / "rc", "--port", str(port)).start()
+    c = await Client.connect(b.url, reconnect_s=20)
+    try:
+        await c.create_topic("t", queues=1)
+        await c.send("t", b"before")
+        hb = await c.request(Opcode.HEARTBEAT, {"group": "g", "topic": "t", "member_id": "m"})
+        await c.request(Opcode.ACK, AckRequest("g", "t", "m", hb.generation, [QueuePosition(0, 1)]))
+        long_poll = {"group": "g", "topic": "t", "member_id": "m", "generation": hb.generation}
+        pending = asyncio.create_task(c.request(Opcode.PULL, long_poll))
+        await c.ping()  # answered after the PULL was read: the PULL is parked at the broker now
+        assert not pending.done()
+        b.kill()
+        with pytest.raises(ConnectionClosed):
+            await pending  # in flight when the broker died: fails, its outcome unknown
+        assert not c.connected
+        b = BrokerProcess(tmp_path / "rc", "--port", str(port)).start()
+        r = await c.send("t", b"after", idempotency_key="after-1")  # reconnects on its own
+        assert r.queue_offset >= 1 and c.reconnects == 1
+    finally:
+        await c.close()
+        b.stop()
+    with pytest.raises(ConnectionClosed, match="client closed"):
+        await c.ping()  # closed by us: no reconnect
