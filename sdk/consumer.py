@@ -91,6 +91,7 @@ class Consumer:
         member_id: str | None = None,
         mode: str = "clustering",
         start: str = "earliest",
+        start_timestamp_ms: int = 0,
         max_messages: int = 32,
         hold_ms: int = 30_000,
         with_retries: bool = True,
@@ -101,6 +102,7 @@ class Consumer:
         self.member_id = member_id or uuid.uuid4().hex
         self._mode = mode
         self._start = start
+        self._start_ts = start_timestamp_ms
         self._max = max_messages
         self._hold_ms = hold_ms
         self.generation = 0
@@ -167,7 +169,9 @@ class Consumer:
                 await fn()
 
     async def _heartbeat(self) -> None:
-        req = HeartbeatRequest(self.group, self.topic, self.member_id, self._mode, self._start)
+        req = HeartbeatRequest(
+            self.group, self.topic, self.member_id, self._mode, self._start, self._start_ts
+        )
         res: HeartbeatResponse = await self._client.request(Opcode.HEARTBEAT, req)
         if res.generation != self.generation:
             self.generation = res.generation

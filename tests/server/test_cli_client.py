@@ -53,6 +53,8 @@ def test_topic_send_consume_round_trip(broker: BrokerProcess) -> None:
         _cli("consume", "cli", "--group", "g", "--json", "--timeout", "1", env_server=broker.url)
     )
     assert [m["body"] for m in rest] == ["three"]
+    assert _cli("topic", "delete", "cli", *s).returncode == 0
+    assert _lines(_cli("topic", "list", "--json", *s)) == []
 
 
 def test_idempotent_send_prints_the_original_receipt(broker: BrokerProcess) -> None:

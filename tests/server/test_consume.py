@@ -11,7 +11,7 @@ from pathlib import Path
 from sdk import Client, ConsumedMessage, Consumer
 from tests.conftest import BrokerProcess
 from txbroker.protocol.frames import Opcode
-from txbroker.protocol.messages import DlqRequest
+from txbroker.protocol.messages import DlqRequest, HeartbeatRequest
 
 
 async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:
@@ -218,3 +218,21 @@ async def test_nack_retries_with_delays_then_dead_letters_then_redrive(tmp_path:
                 assert await consumer.fetch(timeout_ms=300) == []  # exactly one copy came back
     finally:
         b.stop()
+
+
+async def test_timestamp_start(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("ts", queues=1)
+        for i in range(3):
+            await c.send("ts", f"old{i}".encode())
+        await asyncio.sleep(0.05)  # a distinct store time for the boundary
+        boundary = time.time_ns() // 1_000_000
+        for i in range(2):
+            await c.send("ts", f"new{i}".encode())
+        req = HeartbeatRequest(
+            "from-ts", "ts", "m1", start="timestamp", start_timestamp_ms=boundary
+        )
+        await c.request(Opcode.HEARTBEAT, req)
+        async with Consumer(c, "from-ts", "ts", member_id="m1") as consumer:
+            got = await _drain(consumer, 2)
+        assert [m.body for m in got] == [b"new0", b"new1"]

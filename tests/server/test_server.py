@@ -22,7 +22,7 @@ from txbroker.errors import (
     Unauthenticated,
 )
 from txbroker.protocol.codec import encode_frame
-from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.frames import HEADER, FrameKind, Opcode
 from txbroker.protocol.messages import AckRequest, QueuePosition, SendRequest
 
 
@@ -69,6 +69,7 @@ async def _raw(url: str, payload: bytes) -> bytes:
         (1 << 30).to_bytes(4, "big") + b"\x01\x00\x00\x14",  # 1 GiB length prefix
         encode_frame(FrameKind.REQUEST, Opcode.PING, 1, b"")[:7],  # truncated, then EOF
         encode_frame(FrameKind.RESPONSE, Opcode.PING, 1, b""),  # wrong direction
+        HEADER.pack(8, 1, 0, 999, 1),  # an opcode no version of the protocol defines
     ],
 )
 async def test_bad_streams_are_closed_and_others_unaffected(
@@ -172,3 +173,20 @@ async def test_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
         b.stop()
     with pytest.raises(ConnectionClosed, match="client closed"):
         await c.ping()  # closed by us: no reconnect
+
+
+async def test_idempotency_key_dedup_across_a_broker_restart(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "ik").start()
+    async with await Client.connect(b.url) as c:
+        await c.create_topic("pay", queues=2)
+        first = await c.send("pay", b"charge 10", idempotency_key="charge-42")
+    assert b.stop() == 0
+    b = BrokerProcess(tmp_path / "ik").start()
+    try:
+        async with await Client.connect(b.url) as c:
+            again = await c.send("pay", b"charge 10", idempotency_key="charge-42")
+            assert again.duplicate and again.message_id == first.message_id
+            assert (again.queue_id, again.queue_offset) == (first.queue_id, first.queue_offset)
+            assert (await c.describe_topic("pay")).messages == 1
+    finally:
+        b.stop()
