@@ -11,7 +11,7 @@ from pathlib import Path
 from sdk import Client, ConsumedMessage, Consumer
 from tests.conftest import BrokerProcess
 from txbroker.protocol.frames import Opcode
-from txbroker.protocol.messages import DlqRequest, HeartbeatRequest
+from txbroker.protocol.messages import DlqRequest
 
 
 async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:
@@ -229,10 +229,8 @@ async def test_timestamp_start(broker: BrokerProcess) -> None:
         boundary = time.time_ns() // 1_000_000
         for i in range(2):
             await c.send("ts", f"new{i}".encode())
-        req = HeartbeatRequest(
-            "from-ts", "ts", "m1", start="timestamp", start_timestamp_ms=boundary
-        )
-        await c.request(Opcode.HEARTBEAT, req)
-        async with Consumer(c, "from-ts", "ts", member_id="m1") as consumer:
+        async with Consumer(
+            c, "from-ts", "ts", start="timestamp", start_timestamp_ms=boundary
+        ) as consumer:
             got = await _drain(consumer, 2)
         assert [m.body for m in got] == [b"new0", b"new1"]
