@@ -105,7 +105,7 @@ class ProduceResult:
 
 
 async def _produce(
-    url: str, messages: int, size: int, producers: int, batch: int, inflight: int
+    url: str, flush: str, messages: int, size: int, producers: int, batch: int, inflight: int
 ) -> ProduceResult:
     from sdk import Client
 
@@ -148,7 +148,7 @@ async def _produce(
     done = per * producers
     rate = done / elapsed
     return ProduceResult(
-        "",
+        flush,
         done,
         size,
         producers,
@@ -177,8 +177,9 @@ def bench_produce(
         if progress:
             print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
         with broker_process(flush, data_root) as url:
-            r = asyncio.run(_produce(url, messages, size, producers, batch, inflight))
-            results.append(ProduceResult(flush, *list(asdict(r).values())[1:]))
+            results.append(
+                asyncio.run(_produce(url, flush, messages, size, producers, batch, inflight))
+            )
     return _summary(results)
 
 
