@@ -1,12 +1,13 @@
 """The txbroker Python client: an asyncio connection with pipelined requests and typed errors."""
 
-from sdk.client import Client, ConnectionClosed, parse_server_url
+from sdk.client import Client, ConnectionClosed, RequestTimeout, parse_server_url
 from sdk.consumer import ConsumedMessage, Consumer
 
 __all__ = [
     # connection
     "Client",
     "ConnectionClosed",
+    "RequestTimeout",
     "parse_server_url",
     # consuming
     "ConsumedMessage",

@@ -32,13 +32,18 @@ from txbroker.protocol.messages import (
     encode_body,
 )
 
-__all__ = ["Client", "ConnectionClosed", "parse_server_url"]
+__all__ = ["Client", "ConnectionClosed", "RequestTimeout", "parse_server_url"]
 
 DEFAULT_PORT = 9876
 
 
 class ConnectionClosed(TxbError):
     code = "CONNECTION_CLOSED"
+    retriable = True
+
+
+class RequestTimeout(TxbError):
+    code = "REQUEST_TIMEOUT"
     retriable = True
 
 
@@ -170,6 +175,10 @@ class Client:
             # races the answer's arrival, and the caller's task then never stops.
             async with asyncio.timeout(timeout_s):
                 return await fut
+        except TimeoutError:
+            raise RequestTimeout(
+                f"{Opcode(opcode).name} got no answer within {timeout_s} s (its outcome is unknown)"
+            ) from None
         finally:
             self._pending.pop(corr, None)
 

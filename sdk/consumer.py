@@ -208,7 +208,17 @@ class Consumer:
 
     async def _fetch_own(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
         hold = self._hold_ms if timeout_ms is None else timeout_ms
-        req = PullRequest(self.group, self.topic, self.member_id, self.generation, self._max, hold)
+        generation = self.generation
+        positions = [QueuePosition(q, off) for q, off in self._next.items() if q in self.queues]
+        req = PullRequest(
+            self.group,
+            self.topic,
+            self.member_id,
+            generation,
+            self._max,
+            hold,
+            positions=positions,
+        )
         try:
             res: PullResponse = await self._client.request(
                 Opcode.PULL, req, timeout_s=hold / 1000 + 10
@@ -216,11 +226,17 @@ class Consumer:
         except StaleGeneration:
             await self._heartbeat()
             return []
+        if generation != self.generation:
+            return []  # a rebalance happened meanwhile: these may not be ours any more
         out = []
         for m in res.messages:
             self._outstanding.setdefault(m.queue_id, set()).add(m.queue_offset)
-            self._next[m.queue_id] = max(self._next.get(m.queue_id, 0), m.queue_offset + 1)
-            out.append(ConsumedMessage(self, m, self.generation))
+            out.append(ConsumedMessage(self, m, generation))
+        for p in res.next_offsets:
+            # Our position moves only now that the answer is here (a lost answer is re-read).
+            if p.offset != self._next.get(p.queue_id):
+                self._next[p.queue_id] = p.offset
+                self._dirty.add(p.queue_id)  # filtered-out messages count as consumed too
         return out
 
     def __aiter__(self) -> AsyncIterator[ConsumedMessage]:

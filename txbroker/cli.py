@@ -115,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         "http_port": args.http_port,
         "flush": args.flush,
         "auth_token": args.auth_token,
+        "repair_truncate": True if args.repair_truncate else None,
     }
     config = ServerConfig.build(flags, os.environ, Path(args.config) if args.config else None)
     _run(serve(config))
@@ -209,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--flush", choices=["sync", "async"], help="durability mode (default sync)")
     sv.add_argument("--auth-token", help="clients must present this token (TXB_AUTH_TOKEN)")
     sv.add_argument("--config", help="TOML file with any of the settings above")
+    sv.add_argument(
+        "--repair-truncate",
+        action="store_true",
+        help="if recovery finds a damaged record followed by valid ones, drop everything from "
+        "the damage on instead of refusing to start (data loss: for operators, after a backup)",
+    )
     sv.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="run the project's demonstration on embedded defaults")

@@ -11,7 +11,7 @@ from pathlib import Path
 from sdk import Client, ConsumedMessage, Consumer
 from tests.conftest import BrokerProcess
 from txbroker.protocol.frames import Opcode
-from txbroker.protocol.messages import DlqRequest
+from txbroker.protocol.messages import DlqRequest, HeartbeatRequest, PullRequest
 
 
 async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:
@@ -70,14 +70,21 @@ async def test_rebalance_on_join_and_leave_loses_nothing(broker: BrokerProcess) 
         await a.start()
         first = await a.fetch(timeout_ms=500)
         assert first and set(a.queues) == {0, 1, 2, 3}
-        for m in first[:5]:  # half processed, half left in flight
+        for m in first[:5]:  # half processed, half still in flight when b joins
             m.ack()
             seen.add(int(m.body))
+        in_flight = first[5:]
         await a.commit()
         b = Consumer(c, "g", "rb", member_id="b", max_messages=50)
         await b.start()  # joins: generation moves, queues split 2/2
         await a._heartbeat()
         assert set(a.queues) | set(b.queues) == {0, 1, 2, 3} and not set(a.queues) & set(b.queues)
+        # a finishes what it had in flight: acks for queues it kept count; for queues b took over
+        # they are ignored and b delivers those messages again (at least once, none skipped).
+        for m in in_flight:
+            m.ack()
+            if m.msg.queue_id in a.queues:
+                seen.add(int(m.body))  # only an ack that counted; b must deliver the rest
         deadline = time.monotonic() + 20
         while len(seen) < 200:
             assert time.monotonic() < deadline, f"lost {sorted(set(range(200)) - seen)[:10]}"
@@ -234,3 +241,48 @@ async def test_timestamp_start(broker: BrokerProcess) -> None:
         ) as consumer:
             got = await _drain(consumer, 2)
         assert [m.body for m in got] == [b"new0", b"new1"]
+
+
+async def test_a_lost_pull_answer_is_read_again(broker: BrokerProcess) -> None:
+    """The broker keeps no read position: an answer that never reaches the client (here, one
+    whose request the client abandons) does not move the group past those messages."""
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("lost", queues=1)
+        for i in range(5):
+            await c.send("lost", str(i).encode())
+        hb = await c.request(Opcode.HEARTBEAT, HeartbeatRequest("g", "lost", "m"))
+        abandoned = await c.request(Opcode.PULL, PullRequest("g", "lost", "m", hb.generation, 3))
+        assert [m.body for m in abandoned.messages] == [b"0", b"1", b"2"]
+        again = await c.request(Opcode.PULL, PullRequest("g", "lost", "m", hb.generation, 10))
+        assert [m.body for m in again.messages] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_pull_answer_stays_under_the_frame_limit(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("big", queues=1)
+        for i in range(5):
+            await c.send("big", bytes([i]) * (3_500_000))  # 5 of them: over a 16 MiB frame
+        async with Consumer(c, "g", "big") as consumer:
+            got = await _drain(consumer, 5)
+        assert [m.body[0] for m in got] == [0, 1, 2, 3, 4]
+
+
+async def test_a_resend_after_a_nack_still_gets_the_original_receipt(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("pay", queues=1)
+        first = await c.send("pay", b"charge", idempotency_key="charge-1")
+        async with Consumer(c, "g", "pay") as consumer:
+            [m] = await _drain_unacked(consumer, 1)
+            await m.nack()
+        again = await c.send("pay", b"charge", idempotency_key="charge-1")
+        assert again.duplicate
+        assert (again.topic, again.queue_id, again.queue_offset) == ("pay", 0, first.queue_offset)
+
+
+async def _drain_unacked(consumer: Consumer, want: int) -> list[ConsumedMessage]:
+    got: list[ConsumedMessage] = []
+    deadline = time.monotonic() + 10
+    while len(got) < want:
+        assert time.monotonic() < deadline
+        got.extend(await consumer.fetch(timeout_ms=500))
+    return got

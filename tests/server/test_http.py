@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from sdk import Client, Consumer
@@ -55,3 +57,18 @@ async def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:
         assert r.status_code == 404
         r = await h.get("/no/such/thing")
         assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+
+
+async def test_admin_requires_the_token_when_the_broker_has_one(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "auth", "--auth-token", "s3cret").start()
+    try:
+        async with httpx.AsyncClient(base_url=b.http) as h:
+            assert (await h.get("/healthz")).status_code == 200  # liveness stays open
+            r = await h.get("/v1/topics")
+            assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+            r = await h.get("/v1/topics", headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401
+            r = await h.get("/v1/topics", headers={"Authorization": "Bearer s3cret"})
+            assert r.status_code == 200
+    finally:
+        b.stop()

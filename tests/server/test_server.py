@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ from tests.conftest import BrokerProcess
 from txbroker.errors import (
     BadRequest,
     FrameTooLarge,
+    InvalidArgument,
     InvalidName,
     NotFound,
-    ProtocolError,
     TopicExists,
     Unauthenticated,
 )
@@ -94,7 +95,7 @@ async def test_bad_streams_are_closed_and_others_unaffected(
 
 async def test_unknown_opcode_and_malformed_body_keep_the_connection(broker: BrokerProcess) -> None:
     async with await Client.connect(broker.url) as c:
-        with pytest.raises(ProtocolError, match="not served"):
+        with pytest.raises(BadRequest, match="not served"):
             await c.request(Opcode.TX_END, {})  # defined, not served yet (issue 4)
         with pytest.raises(BadRequest):
             await c.request(Opcode.SEND, {"topic": 5})
@@ -190,3 +191,40 @@ async def test_idempotency_key_dedup_across_a_broker_restart(tmp_path: Path) -> 
             assert (await c.describe_topic("pay")).messages == 1
     finally:
         b.stop()
+
+
+async def test_clients_cannot_write_internal_topics(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("t", queues=1)
+        for topic in ("%SCHEDULE", "%RETRY%g", "%DLQ%g"):
+            with pytest.raises(InvalidName, match="reserved"):
+                await c.send(topic, b"x")
+        # Delayed delivery still works (its level was not jammed by a stray record).
+        at = int(time.time() * 1000) + 300
+        r = await c.send("t", b"later", deliver_at_ms=at)
+        assert r.queue_offset == -1
+
+
+async def test_group_names_leave_room_for_their_retry_topics(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("t", queues=1)
+        with pytest.raises(InvalidArgument, match="limit is 120"):
+            await c.request(Opcode.HEARTBEAT, {"group": "g" * 121, "topic": "t", "member_id": "m"})
+
+
+async def test_stop_is_prompt_with_long_polls_held(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "stop").start()
+    c = await Client.connect(b.url, reconnect_s=0)
+    try:
+        await c.create_topic("idle", queues=1)
+        hb = await c.request(Opcode.HEARTBEAT, {"group": "g", "topic": "idle", "member_id": "m"})
+        held = {"group": "g", "topic": "idle", "member_id": "m", "generation": hb.generation}
+        pull = asyncio.create_task(c.request(Opcode.PULL, held))  # held for up to 30 s
+        await c.ping()
+        t0 = time.monotonic()
+        assert await asyncio.to_thread(b.stop) == 0
+        assert time.monotonic() - t0 < 5  # not the 10 s grace, nor the 30 s hold
+        res = await pull
+        assert res.messages == []  # answered, empty, before the connection closed
+    finally:
+        await c.close()

@@ -133,6 +133,9 @@ class PullRequest(msgspec.Struct, frozen=True):
     max_messages: int = 32
     hold_ms: int = 30_000  # long poll: how long to wait when nothing is there
     tags: list[str] | None = None
+    # Where the client wants to read each queue it holds (its own position, which moves only
+    # when an answer arrives). Queues not listed start at the group's committed offset.
+    positions: list[QueuePosition] = msgspec.field(default_factory=list)
 
 
 class PulledMessage(msgspec.Struct, frozen=True):
@@ -151,6 +154,8 @@ class PulledMessage(msgspec.Struct, frozen=True):
 
 class PullResponse(msgspec.Struct, frozen=True):
     messages: list[PulledMessage]
+    # Per queue read: where the next read should start (past messages skipped by a tag filter).
+    next_offsets: list[QueuePosition] = msgspec.field(default_factory=list)
 
 
 class AckRequest(msgspec.Struct, frozen=True):

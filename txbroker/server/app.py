@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -30,6 +32,16 @@ __all__ = ["BrokerServer", "serve"]
 log = logging.getLogger(__name__)
 
 
+class _AdminServer(uvicorn.Server):
+    """uvicorn, minus its signal handling: the broker owns SIGTERM/SIGINT and stops uvicorn
+    itself. (uvicorn would swap in its own handlers while serving and restore the defaults
+    when it stops, so a second signal during shutdown would kill the broker mid-flush.)"""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class BrokerServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -40,6 +52,7 @@ class BrokerServer:
         )
         self.consumer: ConsumerService | None = None
         self.scheduler: DelayScheduler | None = None
+        self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -50,10 +63,14 @@ class BrokerServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self.store = await MessageStore.open(StoreConfig(cfg.data_dir / "store", flush=cfg.flush))
+        self.store = await MessageStore.open(
+            StoreConfig(
+                cfg.data_dir / "store", flush=cfg.flush, truncate_damaged_tail=cfg.repair_truncate
+            )
+        )
         self.topics.load()
         self.groups.load()
-        notifier = Notifier()
+        notifier = self._notifier = Notifier()
         self.scheduler = DelayScheduler(
             self.store, self.topics, cfg.data_dir / "meta", notifier.notify
         )
@@ -98,6 +115,7 @@ class BrokerServer:
             self.groups,
             self.consumer,
             self.scheduler,
+            auth_token=cfg.auth_token,
             extra_metrics=lambda: [
                 "# TYPE txb_connections gauge",
                 f"txb_connections {len(self._connections)}",
@@ -105,7 +123,7 @@ class BrokerServer:
                 f"txb_longpoll_waiting {notifier.waiting}",
             ],
         )
-        self._http = uvicorn.Server(
+        self._http = _AdminServer(
             uvicorn.Config(
                 app, host=cfg.host, port=cfg.http_port, log_level="warning", lifespan="off"
             )
@@ -124,9 +142,10 @@ class BrokerServer:
             await asyncio.sleep(1)
             self.groups.expire_all()
             try:
-                await asyncio.to_thread(self.groups.save_if_dirty)
-                if self.scheduler is not None:
-                    await asyncio.to_thread(self.scheduler.save_if_dirty)
+                for owner in (self.groups, self.scheduler):
+                    data = owner.take_snapshot() if owner is not None else None
+                    if data is not None and owner is not None:
+                        await asyncio.to_thread(owner.write_snapshot, data)
             except OSError:
                 log.exception("cannot persist consumer offsets; will retry")
 
@@ -140,6 +159,9 @@ class BrokerServer:
             await asyncio.gather(self._http_task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
+        if self.consumer is not None and self._notifier is not None:
+            self.consumer.stopping = True
+            self._notifier.wake_all()  # held long polls answer (empty) now, not in 30 s
         conns = list(self._connections)
         if conns:
             await asyncio.wait(
@@ -152,7 +174,9 @@ class BrokerServer:
                 c._transport.close()
         if self._server is not None:
             await self._server.wait_closed()
-        await asyncio.to_thread(self.groups.save_if_dirty)
+        data = self.groups.take_snapshot()
+        if data is not None:
+            await asyncio.to_thread(self.groups.write_snapshot, data)
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.store is not None:

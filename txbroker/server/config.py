@@ -31,6 +31,8 @@ class ServerConfig:
     max_reconsume: int = 16
     # A consumer that has not heartbeated for this long loses its queues.
     session_timeout_ms: int = 10_000
+    # Let recovery drop everything from a damaged record on (see StoreConfig); off by default.
+    repair_truncate: bool = False
     # Graceful shutdown waits this long for in-flight requests before closing connections.
     shutdown_grace_ms: int = 10_000
 
@@ -82,6 +84,8 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
                 out[name] = int(out[name])
         if "data_dir" in out:
             out["data_dir"] = Path(out["data_dir"])
+        if isinstance(out.get("repair_truncate"), str):
+            out["repair_truncate"] = out["repair_truncate"].strip().lower() in ("1", "true", "yes")
         if "retry_delays_ms" in out:
             raw = out["retry_delays_ms"]
             items = raw.split(",") if isinstance(raw, str) else raw

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
-from txbroker.errors import Internal, ProtocolError, TxbError, Unauthenticated
+from txbroker.errors import BadRequest, Internal, ProtocolError, TxbError, Unauthenticated
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
@@ -98,7 +98,10 @@ class Connection(asyncio.Protocol):
             return
         handler = self._handlers.get(frame.opcode)
         if handler is None:
-            self._reply_error(frame, ProtocolError(f"opcode {frame.opcode} is not served"))
+            # A known opcode this broker does not serve: the stream itself is fine, so answer
+            # this request and keep the connection (unknown opcodes never get here: the decoder
+            # refuses them and the connection closes).
+            self._reply_error(frame, BadRequest(f"opcode {frame.opcode} is not served"))
             return
         task = asyncio.get_running_loop().create_task(self._run(handler, frame))
         self._tasks.add(task)
@@ -123,6 +126,7 @@ class Connection(asyncio.Protocol):
         try:
             req = decode_request(frame.opcode, frame.body)
             result = await handler(req)
+            out = encode_frame(FrameKind.RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
         except TxbError as e:
             self._reply_error(frame, e)
         except asyncio.CancelledError:
@@ -131,7 +135,8 @@ class Connection(asyncio.Protocol):
             log.exception("handler for %s failed", Opcode(frame.opcode).name)
             self._reply_error(frame, Internal(f"{type(e).__name__}: {e}"))
         else:
-            self._write(FrameKind.RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.write(out)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -1,10 +1,10 @@
 """Consuming: heartbeats, pulls with long polling, and offset commits for consumer groups.
 
-Each (offset owner, topic, queue) has a delivery cursor in memory, tagged with the group
-generation it was set under. A pull reads from the cursor and moves it; an ack commits an
-offset. When the generation changes (a member joined or left), cursors fall back to the
-committed offsets, so whatever was delivered but not acknowledged is delivered again to the
-queue's new owner: at-least-once, never lost.
+A pull reads each queue from the position the client sends (the client moves its positions
+only when an answer arrives), or from the group's committed offset for a queue the client has
+not read yet. So an answer lost on the way (a dropped connection, a client timeout) is simply
+read again, and after a rebalance the queue's new owner starts at the committed offset:
+whatever was delivered but not acknowledged is delivered again, at least once, never skipped.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from txbroker.protocol.messages import (
     PulledMessage,
     PullRequest,
     PullResponse,
+    QueuePosition,
 )
 from txbroker.server.groups import ConsumeMode, GroupCoordinator
 from txbroker.server.longpoll import Notifier
@@ -36,6 +37,11 @@ __all__ = ["MAX_HOLD_MS", "MAX_PULL_MESSAGES", "ConsumerService"]
 # enough that a dead connection is noticed by the client's own timeout soon after.
 MAX_HOLD_MS: Final = 30_000
 MAX_PULL_MESSAGES: Final = 1024
+# An answer carries at most this many body bytes (at least one message), well under the 16 MiB
+# frame limit whatever the message sizes.
+MAX_PULL_BYTES: Final = 8 * 1024 * 1024
+# How long a member with no queues is held before it may ask again.
+IDLE_MEMBER_HOLD_S: Final = 1.0
 
 
 class ConsumerService:
@@ -52,7 +58,7 @@ class ConsumerService:
         self._topics = topics
         self._groups = groups
         self._notifier = notifier
-        self._cursors: dict[tuple[str, str, int], tuple[int, int]] = {}  # -> (generation, offset)
+        self.stopping = False  # set at shutdown: held pulls answer at once
         self._rr = itertools.count()
 
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
@@ -63,10 +69,10 @@ class ConsumerService:
             raise InvalidArgument(f"mode must be clustering or broadcast, not {req.mode!r}") from e
         if req.start not in ("earliest", "latest", "timestamp"):
             raise InvalidArgument("start must be earliest, latest or timestamp")
-        self._retry.ensure_topics(req.group)  # so the group's consumers can subscribe to them
         generation, queues = self._groups.heartbeat(
             req.group, topic.name, req.member_id, topic.queues, mode
         )
+        self._retry.ensure_topics(req.group)  # so the group's consumers can subscribe to them
         owner = self._groups.offset_owner(req.group, topic.name, req.member_id)
         for q in queues:
             if self._groups.committed(owner, topic.name, q) is None:
@@ -101,41 +107,60 @@ class ConsumerService:
         owner = self._groups.offset_owner(req.group, topic, req.member_id)
         hold_s = min(max(req.hold_ms, 0), MAX_HOLD_MS) / 1000
         deadline = time.monotonic() + hold_s
-        if queues:
-            shift = next(self._rr) % len(queues)  # fairness: start at a different queue each time
-            queues = queues[shift:] + queues[:shift]
+        if not queues:
+            # Nothing assigned (more members than queues): hold a little so an idle member does
+            # not spin, then let it heartbeat and learn whether that changed.
+            with self._notifier.watch([]) as watch:
+                await watch.wait(min(hold_s, IDLE_MEMBER_HOLD_S))
+            return PullResponse([])
+        shift = next(self._rr) % len(queues)  # fairness: start at a different queue each time
+        queues = queues[shift:] + queues[:shift]
+        positions = {p.queue_id: p.offset for p in req.positions}
         while True:
             with self._notifier.watch((topic, q) for q in queues) as watch:
-                out = await self._read(owner, topic, queues, req)
-                if out or not queues:
-                    return PullResponse(out)
+                out, nexts = await self._read(owner, topic, queues, positions, req)
+                if out or self.stopping:
+                    return PullResponse(out, nexts)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not await watch.wait(remaining):
-                    return PullResponse([])
+                if remaining <= 0 or not await watch.wait(remaining) or self.stopping:
+                    return PullResponse([], nexts)
             # Woken: the generation may have moved while we waited.
             queues = self._groups.check(req.group, topic, req.member_id, req.generation)
 
     async def _read(
-        self, owner: str, topic: str, queues: list[int], req: PullRequest
-    ) -> list[PulledMessage]:
+        self,
+        owner: str,
+        topic: str,
+        queues: list[int],
+        positions: dict[int, int],
+        req: PullRequest,
+    ) -> tuple[list[PulledMessage], list[QueuePosition]]:
+        """Read from each queue's position. Nothing is remembered here: the client moves its
+        positions when the answer arrives, so an answer lost on the way is read again."""
         out: list[PulledMessage] = []
+        nexts: list[QueuePosition] = []
+        budget = MAX_PULL_BYTES
         for q in queues:
-            if len(out) >= req.max_messages:
+            if len(out) >= req.max_messages or budget <= 0:
                 break
-            offset = self._cursor(owner, topic, q, req.generation)
+            lo, _ = self._store.queue_range(topic, q)
+            offset = positions.get(q)
+            if offset is None:
+                committed = self._groups.committed(owner, topic, q)
+                offset = committed if committed is not None else lo
             got = await self._store.get_messages(
-                topic, q, offset, req.max_messages - len(out), req.tags
+                topic, q, max(offset, lo), req.max_messages - len(out), req.tags
             )
-            self._cursors[(owner, topic, q)] = (req.generation, got.next_offset)
-            out.extend(_pulled(m) for m in got.messages)
-        return out
-
-    def _cursor(self, owner: str, topic: str, q: int, generation: int) -> int:
-        cur = self._cursors.get((owner, topic, q))
-        if cur is not None and cur[0] == generation:
-            return cur[1]
-        committed = self._groups.committed(owner, topic, q)
-        return committed if committed is not None else self._store.queue_range(topic, q)[0]
+            next_offset = got.next_offset
+            for m in got.messages:
+                if out and len(m.body) > budget:
+                    next_offset = m.queue_offset  # the answer is full: this one comes next time
+                    budget = 0
+                    break
+                budget -= len(m.body)
+                out.append(_pulled(m))
+            nexts.append(QueuePosition(q, next_offset))
+        return out, nexts
 
     async def ack(self, req: AckRequest) -> None:
         topic = self._topics.get(req.topic).name

@@ -94,10 +94,24 @@ class DelayScheduler:
         if self._path.exists():
             self._cursors = msgspec.json.decode(self._path.read_bytes(), type=dict[int, int])
 
+    def take_snapshot(self) -> bytes | None:
+        """On the event loop: the cursors to persist, if changed (see GroupCoordinator)."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        return msgspec.json.encode(self._cursors)
+
+    def write_snapshot(self, data: bytes) -> None:
+        try:
+            write_atomic(self._path, data)
+        except BaseException:
+            self._dirty = True
+            raise
+
     def save_if_dirty(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            write_atomic(self._path, msgspec.json.encode(self._cursors))
+        data = self.take_snapshot()
+        if data is not None:
+            self.write_snapshot(data)
 
     def start(self) -> None:
         self._wake = {i: asyncio.Event() for i in range(len(LEVELS_MS))}
@@ -110,7 +124,9 @@ class DelayScheduler:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.to_thread(self.save_if_dirty)
+        data = self.take_snapshot()
+        if data is not None:
+            await asyncio.to_thread(self.write_snapshot, data)
 
     def pending(self) -> int:
         """Messages waiting in all levels (some are in-between copies of one message)."""
@@ -152,18 +168,42 @@ class DelayScheduler:
                 cursor = max(self._cursors.get(level, lo), lo)
                 got = await self._store.get_messages(SCHEDULE_TOPIC, level, cursor, 64)
                 nap = MAX_NAP_S
+                done: list[tuple[str, int]] = []  # (topic, queue) woken once durable
+                last = -1
                 for m in got.messages:
                     due = m.store_timestamp_ms + delay
                     now = _now_ms()
                     if due > now:
                         nap = min(nap, (due - now) / 1000)
                         break
-                    await self._move(m, level)
-                    self._cursors[level] = m.queue_offset + 1
+                    try:
+                        done.append(await self._move(m, level))
+                    except (KeyError, ValueError) as e:
+                        # Not a well-formed schedule copy (only the broker writes this topic,
+                        # so this is damage or a bug): skip it rather than block the level.
+                        log.error(
+                            "skipping malformed %s record %d/%d: %r",
+                            SCHEDULE_TOPIC,
+                            level,
+                            m.queue_offset,
+                            e,
+                        )
+                    last = m.queue_offset
+                if last >= 0:
+                    # One group commit for the whole batch of moves, then the cursor: a burst of
+                    # due messages costs one fsync, not one each.
+                    durable = self._store.durable()
+                    if durable is not None:
+                        await durable
+                    self._cursors[level] = last + 1
                     self._dirty = True
-                else:
-                    if got.messages:
-                        continue  # a full batch was due: look again at once
+                    for topic, queue_id in done:
+                        if topic == SCHEDULE_TOPIC:
+                            self.notify(queue_id)
+                        elif topic:
+                            self._on_delivered(topic, queue_id)
+                    if last == got.messages[-1].queue_offset:
+                        continue  # everything read was due: look again at once
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(nap):  # not wait_for: see longpoll.Watch.wait
                         await wake.wait()
@@ -173,10 +213,12 @@ class DelayScheduler:
                 log.exception("delay level %d ms failed; retrying", delay)
                 await asyncio.sleep(MAX_NAP_S)
 
-    async def _move(self, m: StoredMessage, level: int) -> None:
+    async def _move(self, m: StoredMessage, level: int) -> tuple[str, int]:
+        """Append the next copy of ``m`` (to its target, or to the level that fits what
+        remains) without waiting for durability; return where it went ("" if already moved)."""
         hop = f"{level}:{m.queue_offset}"
         if await self._store.lookup(KeyKind.INTERNAL, hop, limit=1):
-            return  # moved before a crash; the cursor had not been saved yet
+            return ("", 0)  # moved before a crash; the cursor had not been saved yet
         props = dict(m.properties)
         props[PROP_INTERNAL_KEY] = hop
         deliver_at = int(props[PROP_DELIVER_AT])
@@ -185,15 +227,14 @@ class DelayScheduler:
             topic = props.pop(PROP_TARGET_TOPIC)
             queue_id = int(props.pop(PROP_TARGET_QUEUE))
             del props[PROP_DELIVER_AT]
-            await self._store.append(
+            self._store.append_nowait(
                 Message(topic, m.body, queue_id, props, m.flags, m.born_timestamp_ms)
             )
             self.delivered += 1
-            self._on_delivered(topic, queue_id)
-        else:
-            nxt = level_for(remaining)
-            await self._store.append(
-                Message(SCHEDULE_TOPIC, m.body, nxt, props, m.flags, m.born_timestamp_ms)
-            )
-            self.moved += 1
-            self.notify(nxt)
+            return (topic, queue_id)
+        nxt = level_for(remaining)
+        self._store.append_nowait(
+            Message(SCHEDULE_TOPIC, m.body, nxt, props, m.flags, m.born_timestamp_ms)
+        )
+        self.moved += 1
+        return (SCHEDULE_TOPIC, nxt)

@@ -29,6 +29,8 @@ from txbroker.names import validate_topic
 __all__ = ["ConsumeMode", "GroupCoordinator", "allocate_average"]
 
 OFFSETS_FILE: Final = "offsets.json"
+# Room for the "%RETRY%" prefix of the group's retry topic within the 127-byte name limit.
+MAX_GROUP_NAME: Final = 120
 
 
 class ConsumeMode(enum.StrEnum):
@@ -75,10 +77,26 @@ class GroupCoordinator:
             raw = msgspec.json.decode(path.read_bytes(), type=dict[str, dict[str, dict[int, int]]])
             self._offsets = raw
 
+    def take_snapshot(self) -> bytes | None:
+        """On the event loop: the offsets to persist, if changed (encoded here, so the write in
+        a worker thread never iterates a dict the loop is changing)."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        return msgspec.json.encode(self._offsets)
+
+    def write_snapshot(self, data: bytes) -> None:
+        """In a worker thread. On failure the next snapshot is due again."""
+        try:
+            write_atomic(self._dir / OFFSETS_FILE, data)
+        except BaseException:
+            self._dirty = True
+            raise
+
     def save_if_dirty(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            write_atomic(self._dir / OFFSETS_FILE, msgspec.json.encode(self._offsets))
+        data = self.take_snapshot()
+        if data is not None:
+            self.write_snapshot(data)
 
     # --- membership ---
 
@@ -92,7 +110,12 @@ class GroupCoordinator:
         now: float | None = None,
     ) -> tuple[int, list[int]]:
         """Register or refresh ``member``; return (generation, its queues)."""
-        validate_topic(group)
+        validate_topic(group, allow_system=False)
+        if len(group) > MAX_GROUP_NAME:
+            raise InvalidArgument(
+                f"group name is {len(group)} characters; the limit is {MAX_GROUP_NAME} (the "
+                "group's retry and dead-letter topics add a prefix to it)"
+            )
         if not member:
             raise InvalidArgument("member id must not be empty")
         now = time.monotonic() if now is None else now

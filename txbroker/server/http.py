@@ -13,6 +13,7 @@ Errors are JSON ``{"error": {"code", "message"}}`` with a status that fits the e
 from __future__ import annotations
 
 import base64
+import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from txbroker.errors import InvalidArgument, NotFound, TxbError
+from txbroker.errors import InvalidArgument, NotFound, TxbError, Unauthenticated
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.groups import GroupCoordinator
@@ -77,9 +78,17 @@ def build_http_app(
     consumer: ConsumerService,
     scheduler: DelayScheduler,
     extra_metrics: Callable[[], list[str]] | None = None,
+    auth_token: str | None = None,
 ) -> Starlette:
-    def guarded(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def guarded(fn: Callable[[Request], Any], *, public: bool = False) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
+            if expected is not None and not public:
+                given = request.headers.get("authorization", "").encode()
+                if not hmac.compare_digest(given, expected):
+                    err = Unauthenticated("send Authorization: Bearer <the broker's auth token>")
+                    return JSONResponse({"error": {"code": err.code, "message": str(err)}}, 401)
             try:
                 result: Response = await fn(request)
                 return result
@@ -176,7 +185,7 @@ def build_http_app(
 
     return Starlette(
         routes=[
-            Route("/healthz", guarded(healthz)),
+            Route("/healthz", guarded(healthz, public=True)),
             Route("/v1/topics", guarded(list_topics)),
             Route("/v1/groups", guarded(list_groups)),
             Route("/v1/messages", guarded(messages_by_key)),

@@ -45,6 +45,14 @@ class Notifier:
                 if not ws:
                     del self._waiters[k]
 
+    def wake_all(self) -> None:
+        """Wake every waiter (shutdown: held pulls answer now instead of after their hold)."""
+        waiters, self._waiters = self._waiters, {}
+        for ws in waiters.values():
+            for fut in ws:
+                if not fut.done():
+                    fut.set_result(None)
+
     @property
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())

@@ -20,6 +20,7 @@ from typing import Final
 import google_crc32c
 
 from txbroker.errors import InvalidArgument
+from txbroker.names import validate_topic
 from txbroker.protocol.messages import SendReceipt, SendRequest
 from txbroker.server.delay import (
     PROP_TARGET_QUEUE,
@@ -74,6 +75,7 @@ class Producer:
         self._inflight: dict[str, asyncio.Future[SendReceipt]] = {}
 
     def to_message(self, req: SendRequest) -> Message:
+        validate_topic(req.topic, allow_system=False)  # internal topics are the broker's own
         topic = self._topics.get(req.topic)
         for name, value in (
             ("key", req.key),
@@ -142,6 +144,8 @@ class Producer:
         """All-or-nothing validation, then one group commit for the lot. Batches carrying
         idempotency keys go through :meth:`send` one by one to keep the dedup guarantee."""
         if any(r.idempotency_key is not None for r in reqs):
+            for r in reqs:
+                self._stored_form(r)  # validate every one before sending any
             return [await self.send(r) for r in reqs]
         msgs = [self._stored_form(r) for r in reqs]
         results = await self._store.append_batch(msgs)

@@ -11,10 +11,11 @@ retried (a lost answer, a client retry, a crash) never makes a second copy.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Final
 
-from txbroker.errors import InvalidArgument, NotFound
+from txbroker.errors import InvalidArgument, NotFound, StaleGeneration
 from txbroker.protocol.messages import (
     DlqListResponse,
     DlqMessage,
@@ -28,6 +29,7 @@ from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import queue_for_key
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import (
+    PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
     PROP_KEYS,
     KeyKind,
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 # RocketMQ's consumer retry ladder: 1s 5s 10s 30s 1m 2m 3m ... 10m 20m 30m (16 steps, the default
-# maximum number of reconsumes), about 1h10m from first failure to the dead-letter topic.
+# maximum number of reconsumes), 6,346 s (about 1 h 46 min) from first failure to dead letter.
 DEFAULT_RETRY_DELAYS_MS: Final = (
     1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
     300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000,
@@ -53,6 +55,8 @@ DEFAULT_RETRY_DELAYS_MS: Final = (
 PROP_RECONSUME: Final = "rc"
 PROP_ORIGINAL_TOPIC: Final = "ot"
 REDRIVE_OWNER: Final = "%redrive"
+
+log = logging.getLogger(__name__)
 
 
 def retry_topic(group: str) -> str:
@@ -92,11 +96,14 @@ class RetryService:
     async def nack(self, req: NackRequest) -> NackResponse:
         queues = self._groups.check(req.group, req.topic, req.member_id, req.generation)
         if req.queue_id not in queues:
-            raise InvalidArgument(f"queue {req.queue_id} is not assigned to {req.member_id!r}")
+            raise StaleGeneration(f"queue {req.queue_id} is not assigned to {req.member_id!r}")
         original = await self._message_at(req.topic, req.queue_id, req.queue_offset)
         rc = int(original.properties.get(PROP_RECONSUME, "0")) + 1
         key = f"nack:{req.group}:{req.topic}:{req.queue_id}:{req.queue_offset}"
         props = dict(original.properties)
+        # The producer's idempotency key stays with the original message only: a copy carrying
+        # it would answer a later duplicate send with the copy's receipt.
+        props.pop(PROP_IDEMPOTENCY_KEY, None)
         props[PROP_RECONSUME] = str(rc)
         props[PROP_INTERNAL_KEY] = key
         props.setdefault(PROP_ORIGINAL_TOPIC, req.topic)
@@ -141,10 +148,20 @@ class RetryService:
             key = f"redrive:{group}:{m.queue_offset}"
             if not await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
                 props = dict(m.properties)
-                target = props.pop(PROP_ORIGINAL_TOPIC)
+                target = props.pop(PROP_ORIGINAL_TOPIC, "")
                 props.pop(PROP_RECONSUME, None)
+                props.pop(PROP_IDEMPOTENCY_KEY, None)
                 props[PROP_INTERNAL_KEY] = key
-                t = self._topics.get(target)
+                try:
+                    t = self._topics.get(target)
+                except NotFound:
+                    # The original topic was deleted: nothing to re-drive to. Leave it in the
+                    # dead-letter topic (listable) and move on rather than stall every redrive.
+                    log.warning(
+                        "dead letter %d of %s: topic %r is gone", m.queue_offset, group, target
+                    )
+                    self._groups.commit(REDRIVE_OWNER, topic, 0, m.queue_offset + 1)
+                    continue
                 key_prop = props.get(PROP_KEYS)
                 qid = queue_for_key(key_prop.split()[0], t.queues) if key_prop else 0
                 await self._store.append(Message(target, m.body, qid, props, m.flags))
