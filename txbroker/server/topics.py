@@ -41,10 +41,11 @@ class TopicRegistry:
             topics = msgspec.json.decode(path.read_bytes(), type=list[Topic])
             self._topics = {t.name: t for t in topics}
 
-    def _save(self) -> None:
-        write_atomic(
-            self._dir / FILE, msgspec.json.encode(sorted(self._topics.values(), key=_name))
-        )
+    def _commit(self, topics: dict[str, Topic]) -> None:
+        """Write the new registry, then adopt it: a failed write leaves memory as the disk is.
+        (An fsync on the event loop, but topic changes are rare admin operations.)"""
+        write_atomic(self._dir / FILE, msgspec.json.encode(sorted(topics.values(), key=_name)))
+        self._topics = topics
 
     def create(self, name: str, queues: int, *, system: bool = False) -> Topic:
         validate_topic(name, allow_system=system)
@@ -56,8 +57,7 @@ class TopicRegistry:
                 return existing  # creating what exists, identically, is a no-op
             raise TopicExists(f"topic {name!r} exists with {existing.queues} queues")
         topic = Topic(name, queues, time.time_ns() // 1_000_000, system)
-        self._topics[name] = topic
-        self._save()
+        self._commit({**self._topics, name: topic})
         return topic
 
     def ensure_system(self, name: str, queues: int = 1) -> Topic:
@@ -74,8 +74,7 @@ class TopicRegistry:
         topic = self.get(name)
         if topic.system:
             raise InvalidArgument(f"topic {name!r} belongs to the broker")
-        del self._topics[name]
-        self._save()
+        self._commit({k: v for k, v in self._topics.items() if k != name})
         return topic
 
     def list(self, *, include_system: bool = False) -> list[Topic]:
