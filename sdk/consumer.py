@@ -43,11 +43,11 @@ COMMIT_INTERVAL_S: Final = 1.0
 
 
 class ConsumedMessage:
-    __slots__ = ("_consumer", "_generation", "acked", "msg")
+    __slots__ = ("_consumer", "_tenure", "acked", "msg")
 
-    def __init__(self, consumer: Consumer, msg: PulledMessage, generation: int) -> None:
+    def __init__(self, consumer: Consumer, msg: PulledMessage, tenure: int) -> None:
         self._consumer = consumer
-        self._generation = generation
+        self._tenure = tenure  # which tenure of its queue delivered it
         self.msg = msg
         self.acked = False
 
@@ -72,7 +72,7 @@ class ConsumedMessage:
             c.group,
             c.topic,
             c.member_id,
-            self._generation,
+            c.generation,  # the queue may have survived a rebalance: the broker checks it
             self.msg.queue_id,
             self.msg.queue_offset,
         )
@@ -110,6 +110,7 @@ class Consumer:
         self._outstanding: dict[int, set[int]] = {}  # queue -> delivered, not acked offsets
         self._next: dict[int, int] = {}  # queue -> offset after the last delivered
         self._dirty: set[int] = set()
+        self._tenure: dict[int, int] = {}  # queue -> how many times we lost it
         self._buffer: list[ConsumedMessage] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -175,12 +176,18 @@ class Consumer:
         res: HeartbeatResponse = await self._client.request(Opcode.HEARTBEAT, req)
         if res.generation != self.generation:
             self.generation = res.generation
-            # Queues we lost are someone else's now; what we had in flight there is redelivered.
-            for q in set(self._outstanding) - set(res.queues):
+            # Queues we lost are someone else's now: what we had in flight there is redelivered
+            # to them, so forget our position, pending commit and unacked offsets, and start a
+            # new tenure so a late ack of an old delivery cannot count if the queue comes back.
+            kept = set(res.queues)
+            for q in (set(self._outstanding) | set(self._next) | self._dirty) - kept:
                 self._outstanding.pop(q, None)
                 self._next.pop(q, None)
                 self._dirty.discard(q)
-            self._buffer = [m for m in self._buffer if m.msg.queue_id in res.queues]
+                self._tenure[q] = self._tenure.get(q, 0) + 1
+            self._buffer = [
+                m for m in self._buffer if m._consumer is not self or m.msg.queue_id in kept
+            ]
         self.queues = list(res.queues)
 
     async def fetch(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
@@ -231,7 +238,7 @@ class Consumer:
         out = []
         for m in res.messages:
             self._outstanding.setdefault(m.queue_id, set()).add(m.queue_offset)
-            out.append(ConsumedMessage(self, m, generation))
+            out.append(ConsumedMessage(self, m, self._tenure.get(m.queue_id, 0)))
         for p in res.next_offsets:
             # Our position moves only now that the answer is here (a lost answer is re-read).
             if p.offset != self._next.get(p.queue_id):
@@ -250,8 +257,8 @@ class Consumer:
             yield self._buffer.pop(0)
 
     def _acked(self, m: ConsumedMessage) -> None:
-        if m._generation != self.generation:
-            return  # acked after a rebalance took its queue: it will be redelivered
+        if m._tenure != self._tenure.get(m.msg.queue_id, 0):
+            return  # its queue was taken away since: the new owner delivers it again
         outstanding = self._outstanding.get(m.msg.queue_id)
         if outstanding is not None:
             outstanding.discard(m.msg.queue_offset)

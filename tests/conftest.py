@@ -72,13 +72,20 @@ class BrokerProcess:
             "0",
             "--http-port",
             "0",
+            # Small files: every test broker preallocates its segments and index files, and
+            # the defaults (256 MiB + 52 MiB, twice) would fill a CI disk over a whole run.
+            "--segment-mib",
+            "8",
             *self.extra,
         ]
         # stderr goes to a file, not a pipe nobody reads: a chatty broker must never block on it.
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+            env = {**os.environ, "TXB_INDEX_CAPACITY": "65536"}  # 1.7 MiB index files
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+            )
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else ""

@@ -116,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         "flush": args.flush,
         "auth_token": args.auth_token,
         "repair_truncate": True if args.repair_truncate else None,
+        "segment_bytes": args.segment_mib * 1024 * 1024 if args.segment_mib else None,
     }
     config = ServerConfig.build(flags, os.environ, Path(args.config) if args.config else None)
     _run(serve(config))
@@ -210,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--flush", choices=["sync", "async"], help="durability mode (default sync)")
     sv.add_argument("--auth-token", help="clients must present this token (TXB_AUTH_TOKEN)")
     sv.add_argument("--config", help="TOML file with any of the settings above")
+    sv.add_argument(
+        "--segment-mib",
+        type=_positive,
+        help="commit-log segment size in MiB (default 256; at least 5: one 4 MiB message)",
+    )
     sv.add_argument(
         "--repair-truncate",
         action="store_true",

@@ -65,7 +65,13 @@ class BrokerServer:
         cfg = self.config
         self.store = await MessageStore.open(
             StoreConfig(
-                cfg.data_dir / "store", flush=cfg.flush, truncate_damaged_tail=cfg.repair_truncate
+                cfg.data_dir / "store",
+                flush=cfg.flush,
+                segment_bytes=cfg.segment_bytes,
+                index_capacity=cfg.index_capacity,
+                # Slots scale with capacity (about two entries a slot at capacity).
+                index_slots=max(cfg.index_capacity // 2, 1),
+                truncate_damaged_tail=cfg.repair_truncate,
             )
         )
         self.topics.load()

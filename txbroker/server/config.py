@@ -31,6 +31,9 @@ class ServerConfig:
     max_reconsume: int = 16
     # A consumer that has not heartbeated for this long loses its queues.
     session_timeout_ms: int = 10_000
+    # Store file sizes (see StoreConfig): commit-log segments and key-index entries per file.
+    segment_bytes: int = 256 * 1024 * 1024
+    index_capacity: int = 2 << 20
     # Let recovery drop everything from a damaged record on (see StoreConfig); off by default.
     repair_truncate: bool = False
     # Graceful shutdown waits this long for in-flight requests before closing connections.
@@ -62,6 +65,8 @@ class ServerConfig:
         return cls(**_coerce(values))
 
     def __post_init__(self) -> None:
+        if self.auth_token == "":
+            raise InvalidArgument("auth_token must not be empty (omit it to run without auth)")
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise InvalidArgument(f"{name} must be 0..65535")
@@ -79,6 +84,8 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "shutdown_grace_ms",
             "session_timeout_ms",
             "max_reconsume",
+            "segment_bytes",
+            "index_capacity",
         ):
             if name in out:
                 out[name] = int(out[name])

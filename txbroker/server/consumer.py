@@ -110,8 +110,10 @@ class ConsumerService:
         if not queues:
             # Nothing assigned (more members than queues): hold a little so an idle member does
             # not spin, then let it heartbeat and learn whether that changed.
-            with self._notifier.watch([]) as watch:
-                await watch.wait(min(hold_s, IDLE_MEMBER_HOLD_S))
+            # Watch a key no queue has, so shutdown's wake_all() still ends this hold.
+            with self._notifier.watch([(topic, -1)]) as watch:
+                if not self.stopping:
+                    await watch.wait(min(hold_s, IDLE_MEMBER_HOLD_S))
             return PullResponse([])
         shift = next(self._rr) % len(queues)  # fairness: start at a different queue each time
         queues = queues[shift:] + queues[:shift]
@@ -153,11 +155,13 @@ class ConsumerService:
             )
             next_offset = got.next_offset
             for m in got.messages:
-                if out and len(m.body) > budget:
+                # Whole records (body, properties, header) count, so the answer frame stays
+                # under the frame limit whatever mix of message sizes the queue holds.
+                if out and m.size > budget:
                     next_offset = m.queue_offset  # the answer is full: this one comes next time
                     budget = 0
                     break
-                budget -= len(m.body)
+                budget -= m.size
                 out.append(_pulled(m))
             nexts.append(QueuePosition(q, next_offset))
         return out, nexts

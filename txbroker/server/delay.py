@@ -178,7 +178,7 @@ class DelayScheduler:
                         break
                     try:
                         done.append(await self._move(m, level))
-                    except (KeyError, ValueError) as e:
+                    except (KeyError, ValueError, InvalidArgument) as e:
                         # Not a well-formed schedule copy (only the broker writes this topic,
                         # so this is damage or a bug): skip it rather than block the level.
                         log.error(

@@ -144,8 +144,8 @@ class Producer:
         """All-or-nothing validation, then one group commit for the lot. Batches carrying
         idempotency keys go through :meth:`send` one by one to keep the dedup guarantee."""
         if any(r.idempotency_key is not None for r in reqs):
-            for r in reqs:
-                self._stored_form(r)  # validate every one before sending any
+            for r in reqs:  # validate every one, store limits included, before sending any
+                self._store.validate(self._stored_form(r))
             return [await self.send(r) for r in reqs]
         msgs = [self._stored_form(r) for r in reqs]
         results = await self._store.append_batch(msgs)

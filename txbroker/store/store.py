@@ -282,6 +282,10 @@ class MessageStore:
         self._check_open()
         return self._write(self._prepare(msg))
 
+    def validate(self, msg: Message) -> None:
+        """Raise what :meth:`append` would raise for ``msg``'s content, writing nothing."""
+        self._prepare(msg)
+
     def _prepare(self, msg: Message) -> _Prepared:
         """Validate and encode what does not depend on the log position."""
         if not isinstance(msg, Message):
