@@ -1,6 +1,6 @@
 """The txbroker Python client: an asyncio connection with pipelined requests and typed errors."""
 
-from sdk.client import Client, ConnectionClosed, RequestTimeout, parse_server_url
+from sdk.client import Client, ConnectionClosed, RequestTimeout, Transaction, parse_server_url
 from sdk.consumer import ConsumedMessage, Consumer
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "Client",
     "ConnectionClosed",
     "RequestTimeout",
+    "Transaction",
     "parse_server_url",
     # consuming
     "ConsumedMessage",

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from txbroker.errors import InvalidArgument, ProtocolError, TxbError, error_class
+from txbroker.ids import new_id
 from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import (
@@ -27,12 +28,21 @@ from txbroker.protocol.messages import (
     TopicCreate,
     TopicInfo,
     TopicName,
+    TxEndRequest,
+    TxEndResponse,
+    TxId,
+    TxInfo,
+    TxListRequest,
+    TxListResponse,
+    TxPrepareRequest,
+    TxPrepareResponse,
+    TxResolveRequest,
     decode_error,
     decode_response,
     encode_body,
 )
 
-__all__ = ["Client", "ConnectionClosed", "RequestTimeout", "parse_server_url"]
+__all__ = ["Client", "ConnectionClosed", "RequestTimeout", "Transaction", "parse_server_url"]
 
 DEFAULT_PORT = 9876
 
@@ -253,7 +263,78 @@ class Client:
         receipt: SendReceipt = await self.request(Opcode.SEND, req)
         return receipt
 
+    async def prepare(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        producer_group: str,
+        check_url: str,
+        tx_id: str | None = None,
+        key: str | None = None,
+        tags: str | None = None,
+        headers: dict[str, str] | None = None,
+        traceparent: str | None = None,
+        timeout_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> Transaction:
+        """PREPARE a half message. ``tx_id`` defaults to a new time-ordered id (UUIDv7 hex);
+        pass your own to record it (e.g. in the barrier table) before preparing."""
+        req = TxPrepareRequest(
+            topic,
+            body,
+            producer_group,
+            check_url,
+            tx_id or new_id(),
+            key,
+            tags,
+            headers or {},
+            None,
+            traceparent,
+            timeout_ms,
+            deliver_at_ms,
+        )
+        res: TxPrepareResponse = await self.request(Opcode.TX_PREPARE, req)
+        return Transaction(self, res.tx_id, res.message_id)
+
+    async def end_transaction(self, tx_id: str, decision: str) -> TxEndResponse:
+        res: TxEndResponse = await self.request(Opcode.TX_END, TxEndRequest(tx_id, decision))
+        return res
+
+    async def list_transactions(
+        self, state: str | None = None, topic: str | None = None, limit: int = 100
+    ) -> TxListResponse:
+        res: TxListResponse = await self.request(Opcode.TX_LIST, TxListRequest(state, topic, limit))
+        return res
+
+    async def show_transaction(self, tx_id: str) -> TxInfo:
+        res: TxInfo = await self.request(Opcode.TX_SHOW, TxId(tx_id))
+        return res
+
+    async def resolve_transaction(self, tx_id: str, action: str) -> TxEndResponse:
+        """An operator's commit, rollback or resume (fenced like END_TX)."""
+        res: TxEndResponse = await self.request(Opcode.TX_RESOLVE, TxResolveRequest(tx_id, action))
+        return res
+
     async def send_batch(self, messages: list[SendRequest]) -> list[SendReceipt]:
         res = await self.request(Opcode.SEND_BATCH, SendBatchRequest(messages))
         receipts: list[SendReceipt] = res.receipts
         return receipts
+
+
+class Transaction:
+    """A prepared (half) message: invisible until :meth:`commit`; :meth:`rollback` discards it.
+    If neither arrives, the broker asks the service's check-back endpoint."""
+
+    __slots__ = ("_client", "message_id", "tx_id")
+
+    def __init__(self, client: Client, tx_id: str, message_id: str) -> None:
+        self._client = client
+        self.tx_id = tx_id
+        self.message_id = message_id
+
+    async def commit(self) -> TxEndResponse:
+        return await self._client.end_transaction(self.tx_id, "commit")
+
+    async def rollback(self) -> TxEndResponse:
+        return await self._client.end_transaction(self.tx_id, "rollback")

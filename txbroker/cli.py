@@ -117,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         "auth_token": args.auth_token,
         "repair_truncate": True if args.repair_truncate else None,
         "segment_bytes": args.segment_mib * 1024 * 1024 if args.segment_mib else None,
+        "tx_secrets": args.tx_secret or None,
     }
     config = ServerConfig.build(flags, os.environ, Path(args.config) if args.config else None)
     _run(serve(config))
@@ -211,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--flush", choices=["sync", "async"], help="durability mode (default sync)")
     sv.add_argument("--auth-token", help="clients must present this token (TXB_AUTH_TOKEN)")
     sv.add_argument("--config", help="TOML file with any of the settings above")
+    sv.add_argument(
+        "--tx-secret",
+        action="append",
+        metavar="GROUP=SECRET",
+        help="check-back signing secret of a producer group (repeat; TXB_TX_SECRETS)",
+    )
     sv.add_argument(
         "--segment-mib",
         type=_positive,

@@ -11,6 +11,8 @@ The tree, with the behaviour each category carries as class attributes::
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
     ├── TopicExists               a topic with other settings already exists
+    ├── TransactionConflict       a decision that contradicts how the transaction ended
+    ├── TransactionNotFound       no such transaction (NotFound)
     ├── StaleGeneration           a consumer's view of its group is out of date (retriable)
     ├── Unauthenticated           missing or wrong auth token: the connection is closed
     ├── ProtocolError             malformed stream: the connection is closed
@@ -45,6 +47,8 @@ __all__ = [
     "StoreFailed",
     "StoreLocked",
     "TopicExists",
+    "TransactionConflict",
+    "TransactionNotFound",
     "TxbError",
     "Unauthenticated",
     "error_class",
@@ -80,6 +84,14 @@ class InvalidOffset(InvalidArgument):
 
 class NotFound(TxbError):
     code = "NOT_FOUND"
+
+
+class TransactionConflict(TxbError):
+    code = "TRANSACTION_CONFLICT"
+
+
+class TransactionNotFound(NotFound):
+    code = "TRANSACTION_NOT_FOUND"
 
 
 class TopicExists(TxbError):

@@ -38,7 +38,7 @@ def test_defaults_fill_in() -> None:
         (Opcode.SEND, encode_body({"topic": "t"}), "body"),  # required field missing
         (Opcode.SEND, encode_body({"topic": 5, "body": b""}), "topic"),  # wrong type
         (Opcode.PULL, encode_body([1, 2]), "malformed PULL"),
-        (Opcode.TX_END, b"", "not served"),  # defined, not served until issue 4
+        (Opcode.LOOKUP, b"", "not served"),  # defined, not served
     ],
 )
 def test_malformed_bodies_are_bad_requests(opcode: int, body: bytes, fragment: str) -> None:

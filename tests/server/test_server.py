@@ -96,7 +96,7 @@ async def test_bad_streams_are_closed_and_others_unaffected(
 async def test_unknown_opcode_and_malformed_body_keep_the_connection(broker: BrokerProcess) -> None:
     async with await Client.connect(broker.url) as c:
         with pytest.raises(BadRequest, match="not served"):
-            await c.request(Opcode.TX_END, {})  # defined, not served yet (issue 4)
+            await c.request(Opcode.LOOKUP, {})  # defined, not served
         with pytest.raises(BadRequest):
             await c.request(Opcode.SEND, {"topic": 5})
         await c.ping()

@@ -69,6 +69,9 @@ class Opcode(enum.IntEnum):
     LOOKUP = 40  # messages by key, id or idempotency key
     TX_PREPARE = 50
     TX_END = 51
+    TX_LIST = 52  # operator: pending and parked transactions
+    TX_SHOW = 53
+    TX_RESOLVE = 54  # operator: commit, rollback or resume checking
     DLQ_LIST = 60
     DLQ_REDRIVE = 61
 

@@ -204,6 +204,74 @@ class DlqRedriveResponse(msgspec.Struct, frozen=True):
     redriven: int
 
 
+class TxPrepareRequest(msgspec.Struct, frozen=True):
+    topic: str
+    body: bytes
+    producer_group: str
+    check_url: str
+    tx_id: str | None = None  # client-chosen (UUIDv7 hex) so it can be recorded first
+    key: str | None = None
+    tags: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    message_id: str | None = None
+    traceparent: str | None = None
+    timeout_ms: int | None = None  # first back-check after this long (broker default 6 s)
+    deliver_at_ms: int | None = None  # a delayed transactional message
+
+
+class TxPrepareResponse(msgspec.Struct, frozen=True):
+    tx_id: str
+    message_id: str
+
+
+class TxEndRequest(msgspec.Struct, frozen=True):
+    tx_id: str
+    decision: str  # "commit" | "rollback"
+
+
+class TxEndResponse(msgspec.Struct, frozen=True):
+    tx_id: str
+    state: str
+    resolved_by: str
+    duplicate: bool = False  # the transaction had already ended this way
+
+
+class TxInfo(msgspec.Struct, frozen=True):
+    tx_id: str
+    state: str
+    topic: str
+    queue_id: int
+    producer_group: str
+    check_url: str
+    message_id: str
+    key: str | None
+    created_ms: int
+    checks: int
+    next_check_ms: int
+    last_reason: str
+    resolved_by: str
+
+
+class TxListRequest(msgspec.Struct, frozen=True):
+    state: str | None = None  # prepared | parked (default: both)
+    topic: str | None = None
+    limit: int = 100
+
+
+class TxListResponse(msgspec.Struct, frozen=True):
+    transactions: list[TxInfo]
+    total: int
+
+
+class TxId(msgspec.Struct, frozen=True):
+    tx_id: str
+
+
+class TxResolveRequest(msgspec.Struct, frozen=True):
+    tx_id: str
+    action: str  # commit | rollback | resume (an operator's decision)
+
+
 class Empty(msgspec.Struct, frozen=True):
     pass
 
@@ -224,6 +292,11 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.NACK: NackRequest,
     Opcode.DLQ_LIST: DlqRequest,
     Opcode.DLQ_REDRIVE: DlqRequest,
+    Opcode.TX_PREPARE: TxPrepareRequest,
+    Opcode.TX_END: TxEndRequest,
+    Opcode.TX_LIST: TxListRequest,
+    Opcode.TX_SHOW: TxId,
+    Opcode.TX_RESOLVE: TxResolveRequest,
 }
 
 RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
@@ -242,6 +315,11 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.NACK: NackResponse,
     Opcode.DLQ_LIST: DlqListResponse,
     Opcode.DLQ_REDRIVE: DlqRedriveResponse,
+    Opcode.TX_PREPARE: TxPrepareResponse,
+    Opcode.TX_END: TxEndResponse,
+    Opcode.TX_LIST: TxListResponse,
+    Opcode.TX_SHOW: TxInfo,
+    Opcode.TX_RESOLVE: TxEndResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -26,6 +26,8 @@ from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore, StoreConfig
+from txbroker.tx.checker import BackChecker, CheckSettings
+from txbroker.tx.coordinator import TxCoordinator, TxSettings
 
 __all__ = ["BrokerServer", "serve"]
 
@@ -52,6 +54,8 @@ class BrokerServer:
         )
         self.consumer: ConsumerService | None = None
         self.scheduler: DelayScheduler | None = None
+        self.tx: TxCoordinator | None = None
+        self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._http: uvicorn.Server | None = None
@@ -99,7 +103,32 @@ class BrokerServer:
             max_reconsume=cfg.max_reconsume,
         )
         self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier, retry)
-        handlers = build_handlers(self.store, self.topics, producer, self.consumer, retry)
+        self.tx = TxCoordinator(
+            self.store,
+            self.topics,
+            producer,
+            self.scheduler,
+            cfg.data_dir / "meta",
+            TxSettings(
+                cfg.tx_timeout_ms, secrets=cfg.tx_secrets, default_secret=cfg.tx_default_secret
+            ),
+            notifier.notify,
+        )
+        await self.tx.recover()
+        self.checker = BackChecker(
+            self.tx,
+            CheckSettings(
+                cfg.check_backoff_base_ms,
+                cfg.check_backoff_cap_ms,
+                cfg.max_checks,
+                cfg.check_concurrency,
+                cfg.check_rate_per_s,
+                cfg.check_timeout_ms,
+            ),
+        )
+        self.tx.on_prepared = self.checker.schedule
+        self.checker.start()
+        handlers = build_handlers(self.store, self.topics, producer, self.consumer, retry, self.tx)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
         def hello(_: Hello) -> HelloOk:
@@ -122,6 +151,8 @@ class BrokerServer:
             self.consumer,
             self.scheduler,
             auth_token=cfg.auth_token,
+            tx=self.tx,
+            checker=self.checker,
             extra_metrics=lambda: [
                 "# TYPE txb_connections gauge",
                 f"txb_connections {len(self._connections)}",
@@ -148,7 +179,7 @@ class BrokerServer:
             await asyncio.sleep(1)
             self.groups.expire_all()
             try:
-                for owner in (self.groups, self.scheduler):
+                for owner in (self.groups, self.scheduler, self.tx):
                     data = owner.take_snapshot() if owner is not None else None
                     if data is not None and owner is not None:
                         await asyncio.to_thread(owner.write_snapshot, data)
@@ -183,6 +214,12 @@ class BrokerServer:
         data = self.groups.take_snapshot()
         if data is not None:
             await asyncio.to_thread(self.groups.write_snapshot, data)
+        if self.checker is not None:
+            await self.checker.stop()
+        if self.tx is not None:
+            data = self.tx.take_snapshot()
+            if data is not None:
+                await asyncio.to_thread(self.tx.write_snapshot, data)
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.store is not None:

@@ -31,6 +31,18 @@ class ServerConfig:
     max_reconsume: int = 16
     # A consumer that has not heartbeated for this long loses its queues.
     session_timeout_ms: int = 10_000
+    # Transactions: first back-check after tx_timeout_ms, then backoff doubling from the base
+    # to the cap; park after max_checks answered checks. Checks in flight and per-endpoint rate
+    # are bounded. tx_secrets maps producer group -> HMAC secret (tx_default_secret for others).
+    tx_timeout_ms: int = 6_000
+    check_backoff_base_ms: int = 5_000
+    check_backoff_cap_ms: int = 300_000
+    max_checks: int = 15
+    check_concurrency: int = 64
+    check_rate_per_s: float = 100.0
+    check_timeout_ms: int = 3_000
+    tx_secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    tx_default_secret: str | None = field(default=None, repr=False)
     # Store file sizes (see StoreConfig): commit-log segments and key-index entries per file.
     segment_bytes: int = 256 * 1024 * 1024
     index_capacity: int = 2 << 20
@@ -65,6 +77,8 @@ class ServerConfig:
         return cls(**_coerce(values))
 
     def __post_init__(self) -> None:
+        if self.max_checks < 1 or self.check_concurrency < 1 or self.check_rate_per_s <= 0:
+            raise InvalidArgument("max_checks, check_concurrency and check_rate_per_s must be > 0")
         if self.auth_token == "":
             raise InvalidArgument("auth_token must not be empty (omit it to run without auth)")
         for name in ("port", "http_port"):
@@ -86,11 +100,23 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "max_reconsume",
             "segment_bytes",
             "index_capacity",
+            "tx_timeout_ms",
+            "check_backoff_base_ms",
+            "check_backoff_cap_ms",
+            "max_checks",
+            "check_concurrency",
+            "check_timeout_ms",
         ):
             if name in out:
                 out[name] = int(out[name])
         if "data_dir" in out:
             out["data_dir"] = Path(out["data_dir"])
+        if "check_rate_per_s" in out:
+            out["check_rate_per_s"] = float(out["check_rate_per_s"])
+        if isinstance(out.get("tx_secrets"), str):  # TXB_TX_SECRETS="group=secret,other=s2"
+            out["tx_secrets"] = _pairs(out["tx_secrets"].split(","))
+        if isinstance(out.get("tx_secrets"), list):  # repeated --tx-secret GROUP=SECRET
+            out["tx_secrets"] = _pairs(out["tx_secrets"])
         if isinstance(out.get("repair_truncate"), str):
             out["repair_truncate"] = out["repair_truncate"].strip().lower() in ("1", "true", "yes")
         if "retry_delays_ms" in out:
@@ -101,4 +127,14 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             out["flush"] = FlushMode(out["flush"])
     except ValueError as e:
         raise InvalidArgument(f"bad setting: {e}") from e
+    return out
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        group, sep, secret = item.strip().partition("=")
+        if not sep or not group or not secret:
+            raise InvalidArgument(f"expected GROUP=SECRET, got {item!r}")
+        out[group] = secret
     return out

@@ -13,7 +13,7 @@ import itertools
 import time
 from typing import Final
 
-from txbroker.errors import InvalidArgument, StaleGeneration
+from txbroker.errors import InvalidArgument, InvalidName, StaleGeneration
 from txbroker.protocol.messages import (
     AckRequest,
     HeartbeatRequest,
@@ -27,7 +27,12 @@ from txbroker.protocol.messages import (
 from txbroker.server.groups import ConsumeMode, GroupCoordinator
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import HEADER_PREFIX
-from txbroker.server.retry import PROP_ORIGINAL_TOPIC, PROP_RECONSUME, RetryService
+from txbroker.server.retry import (
+    PROP_ORIGINAL_TOPIC,
+    PROP_RECONSUME,
+    RetryService,
+    retry_topic,
+)
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import PROP_KEYS, MessageStore, StoredMessage
 
@@ -62,7 +67,7 @@ class ConsumerService:
         self._rr = itertools.count()
 
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
-        topic = self._topics.get(req.topic)
+        topic = self._topics.get(self._readable(req.group, req.topic))
         try:
             mode = ConsumeMode(req.mode)
         except ValueError as e:
@@ -80,6 +85,14 @@ class ConsumerService:
                 start = await self._start_offset(topic.name, q, req.start, req.start_timestamp_ms)
                 self._groups.commit(owner, topic.name, q, start)
         return HeartbeatResponse(generation, queues)
+
+    @staticmethod
+    def _readable(group: str, topic: str) -> str:
+        """Consumers read user topics and their own group's retry topic; never half messages,
+        op records or the scheduler's copies."""
+        if topic.startswith("%") and topic != retry_topic(group):
+            raise InvalidName(f"topic {topic!r} is internal to the broker")
+        return topic
 
     async def leave(self, req: LeaveRequest) -> None:
         self._groups.leave(req.group, req.topic, req.member_id)
@@ -102,7 +115,7 @@ class ConsumerService:
     async def pull(self, req: PullRequest) -> PullResponse:
         if not 1 <= req.max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max_messages must be 1..{MAX_PULL_MESSAGES}")
-        topic = self._topics.get(req.topic).name
+        topic = self._topics.get(self._readable(req.group, req.topic)).name
         queues = self._groups.check(req.group, topic, req.member_id, req.generation)
         owner = self._groups.offset_owner(req.group, topic, req.member_id)
         hold_s = min(max(req.hold_ms, 0), MAX_HOLD_MS) / 1000

@@ -26,6 +26,15 @@ from txbroker.protocol.messages import (
     TopicCreate,
     TopicInfo,
     TopicName,
+    TxEndRequest,
+    TxEndResponse,
+    TxId,
+    TxInfo,
+    TxListRequest,
+    TxListResponse,
+    TxPrepareRequest,
+    TxPrepareResponse,
+    TxResolveRequest,
 )
 from txbroker.server.connection import Handler
 from txbroker.server.consumer import ConsumerService
@@ -33,6 +42,8 @@ from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import MessageStore
+from txbroker.tx.coordinator import TxCoordinator, tx_info
+from txbroker.tx.state import Decision, Resolver, TxState
 
 __all__ = ["build_handlers"]
 
@@ -43,6 +54,7 @@ def build_handlers(
     producer: Producer,
     consumer: ConsumerService,
     retry: RetryService,
+    tx: TxCoordinator,
 ) -> dict[int, Handler]:
     def info(t: Topic) -> TopicInfo:
         count = 0
@@ -98,7 +110,43 @@ def build_handlers(
         await consumer.leave(req)
         return Empty()
 
+    async def tx_prepare(req: TxPrepareRequest) -> TxPrepareResponse:
+        return await tx.prepare(req)
+
+    async def tx_end(req: TxEndRequest) -> TxEndResponse:
+        try:
+            decision = Decision(req.decision)
+        except ValueError as e:
+            raise InvalidArgument("decision must be commit or rollback") from e
+        return await tx.end(req.tx_id, decision, Resolver.PRODUCER)
+
+    async def tx_list(req: TxListRequest) -> TxListResponse:
+        try:
+            state = TxState(req.state) if req.state else None
+        except ValueError as e:
+            raise InvalidArgument("state must be prepared or parked") from e
+        found = tx.list(state, req.topic)
+        limit = max(1, min(req.limit, 10_000))
+        return TxListResponse([tx_info(t) for t in found[:limit]], len(found))
+
+    async def tx_show(req: TxId) -> TxInfo:
+        return tx_info(tx.get(req.tx_id))
+
+    async def tx_resolve(req: TxResolveRequest) -> TxEndResponse:
+        if req.action == "resume":
+            return await tx.resume(req.tx_id)
+        try:
+            decision = Decision(req.action)
+        except ValueError as e:
+            raise InvalidArgument("action must be commit, rollback or resume") from e
+        return await tx.end(req.tx_id, decision, Resolver.OPERATOR, "resolved by an operator")
+
     return {
+        Opcode.TX_PREPARE: tx_prepare,
+        Opcode.TX_END: tx_end,
+        Opcode.TX_LIST: tx_list,
+        Opcode.TX_SHOW: tx_show,
+        Opcode.TX_RESOLVE: tx_resolve,
         Opcode.NACK: nack,
         Opcode.DLQ_LIST: dlq_list,
         Opcode.DLQ_REDRIVE: dlq_redrive,

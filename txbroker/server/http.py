@@ -17,6 +17,7 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -29,6 +30,9 @@ from txbroker.server.groups import GroupCoordinator
 from txbroker.server.producer import HEADER_PREFIX
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import KeyKind, MessageStore, StoredMessage
+from txbroker.tx.checker import BUCKETS, BackChecker
+from txbroker.tx.coordinator import TxCoordinator, tx_info
+from txbroker.tx.state import Decision, Resolver, TxState
 
 __all__ = ["build_http_app"]
 
@@ -79,6 +83,8 @@ def build_http_app(
     scheduler: DelayScheduler,
     extra_metrics: Callable[[], list[str]] | None = None,
     auth_token: str | None = None,
+    tx: TxCoordinator | None = None,
+    checker: BackChecker | None = None,
 ) -> Starlette:
     expected = f"Bearer {auth_token}".encode() if auth_token else None
 
@@ -176,9 +182,75 @@ def build_http_app(
             except NotFound:
                 continue
             lines.append(f'txb_group_lag{{group="{owner}",topic="{topic}"}} {lag}')
+        lines.extend(tx_metrics())
         if extra_metrics is not None:
             lines.extend(extra_metrics())
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    def coordinator() -> TxCoordinator:
+        if tx is None:
+            raise NotFound("transactions are not enabled on this broker")
+        return tx
+
+    async def list_transactions(request: Request) -> Response:
+        raw = request.query_params.get("state")
+        try:
+            state = TxState(raw) if raw else None
+        except ValueError as e:
+            raise InvalidArgument("state must be prepared or parked") from e
+        found = coordinator().list(state, request.query_params.get("topic"))
+        return JSONResponse(
+            {
+                "transactions": [msgspec.to_builtins(tx_info(t)) for t in found[:1000]],
+                "total": len(found),
+            }
+        )
+
+    async def show_transaction(request: Request) -> Response:
+        t = coordinator().get(request.path_params["tx_id"])
+        return JSONResponse(msgspec.to_builtins(tx_info(t)))
+
+    async def resolve_transaction(request: Request) -> Response:
+        tx_id, action = request.path_params["tx_id"], request.path_params["action"]
+        c = coordinator()
+        if action == "resume":
+            res = await c.resume(tx_id)
+        elif action in ("commit", "rollback"):
+            res = await c.end(tx_id, Decision(action), Resolver.OPERATOR, "resolved over HTTP")
+        else:
+            raise NotFound(f"no action {action!r}: use commit, rollback or resume")
+        return JSONResponse(msgspec.to_builtins(res))
+
+    def tx_metrics() -> list[str]:
+        if tx is None or checker is None:
+            return []
+        lines = [
+            "# TYPE txb_tx_pending gauge",
+            f"txb_tx_pending {tx.count(TxState.PREPARED)}",
+            "# TYPE txb_tx_parked gauge",
+            f"txb_tx_parked {tx.count(TxState.PARKED)}",
+            "# TYPE txb_tx_prepared_total counter",
+            f"txb_tx_prepared_total {tx.counters['prepared']}",
+            "# TYPE txb_tx_commits_total counter",
+            f"txb_tx_commits_total {tx.counters['committed']}",
+            "# TYPE txb_tx_rollbacks_total counter",
+            f"txb_tx_rollbacks_total {tx.counters['rolled_back']}",
+            "# TYPE txb_tx_checks_total counter",
+        ]
+        for outcome, n in sorted(checker.outcomes.items()):
+            lines.append(f'txb_tx_checks_total{{outcome="{outcome}"}} {n}')
+        lines.append("# TYPE txb_tx_check_latency_seconds histogram")
+        cumulative = 0
+        for bound, n in zip(BUCKETS, checker.latency_buckets, strict=False):
+            cumulative += n
+            lines.append(f'txb_tx_check_latency_seconds_bucket{{le="{bound}"}} {cumulative}')
+        total = sum(checker.latency_buckets)
+        lines.append(f'txb_tx_check_latency_seconds_bucket{{le="+Inf"}} {total}')
+        lines.append(f"txb_tx_check_latency_seconds_sum {checker.latency_sum:.6f}")
+        lines.append(f"txb_tx_check_latency_seconds_count {total}")
+        lines.append("# TYPE txb_tx_checks_inflight gauge")
+        lines.append(f"txb_tx_checks_inflight {checker.inflight}")
+        return lines
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
@@ -191,6 +263,13 @@ def build_http_app(
             Route("/v1/messages", guarded(messages_by_key)),
             Route("/v1/messages/{message_id}", guarded(message_by_id)),
             Route("/metrics", guarded(metrics)),
+            Route("/v1/transactions", guarded(list_transactions)),
+            Route("/v1/transactions/{tx_id}", guarded(show_transaction)),
+            Route(
+                "/v1/transactions/{tx_id}/{action}",
+                guarded(resolve_transaction),
+                methods=["POST"],
+            ),
         ],
         exception_handlers={404: not_found},
     )

@@ -1,0 +1,1 @@
+"""Transactional messages: half messages, two-phase commit, back-checks, parking."""

@@ -1,0 +1,470 @@
+"""The transaction coordinator: PREPARE, END_TX, operator resolution, and recovery.
+
+PREPARE appends a *half record* to ``%HALF``: the message as it will be delivered, plus the
+transaction's properties. No consumer can read ``%HALF``.
+
+Resolving appends an *op record* to ``%TXOP`` (the decision, durable first), then for a commit
+the *visible copy* in the real topic (same message id, same body). Both carry internal index
+keys (``txend:<tx>``, ``txc:<tx>``) and each is appended only if its key is not yet in the
+index, so however often a resolution is retried or replayed, and wherever a crash interrupts
+it, the message becomes visible exactly once. Recovery finishes what a crash interrupted:
+a commit op whose visible copy is missing gets it.
+
+Everything the coordinator knows is rebuilt from those two topics at start, reading from
+low-water marks saved in ``meta/tx.json`` (the oldest unresolved half record, and the op-topic
+end offset when it was prepared), so restart cost follows the unresolved window, not history.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from txbroker.atomicfile import write_atomic
+from txbroker.errors import InvalidArgument, TransactionConflict, TransactionNotFound
+from txbroker.ids import new_id
+from txbroker.names import validate_topic
+from txbroker.protocol.messages import (
+    SendRequest,
+    TxEndResponse,
+    TxInfo,
+    TxPrepareRequest,
+    TxPrepareResponse,
+)
+from txbroker.server.delay import DelayScheduler
+from txbroker.server.producer import Producer
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import (
+    PROP_IDEMPOTENCY_KEY,
+    PROP_INTERNAL_KEY,
+    PROP_MESSAGE_ID,
+    KeyKind,
+    Message,
+    MessageStore,
+    RecordFlag,
+    StoredMessage,
+)
+from txbroker.tx.state import (
+    HALF_ONLY,
+    HALF_TOPIC,
+    OP_TOPIC,
+    PROP_BY,
+    PROP_CHECK_URL,
+    PROP_DELIVER_AT,
+    PROP_GROUP,
+    PROP_HALF_PHYS,
+    PROP_OP,
+    PROP_OP_MARK,
+    PROP_REASON,
+    PROP_TARGET_QUEUE,
+    PROP_TARGET_TOPIC,
+    PROP_TIMEOUT,
+    PROP_TRACEPARENT,
+    PROP_TX,
+    Decision,
+    Resolver,
+    Tx,
+    TxState,
+    transition,
+)
+
+__all__ = ["TxCoordinator", "TxSettings"]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE: Final = "tx.json"
+_TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+# Ended transactions stay in memory this long for cheap duplicate END_TX answers; older ones
+# are answered from the op records through the index.
+RECENT_MAX: Final = 100_000
+SCAN_BATCH: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TxSettings:
+    timeout_ms: int = 6_000
+    max_timeout_ms: int = 24 * 3600 * 1000
+    secrets: dict[str, str] = field(default_factory=dict)  # producer group -> secret
+    default_secret: str | None = None
+
+
+class _Saved(msgspec.Struct):
+    half_low: int = 0
+    op_low: int = 0
+    checks: dict[str, tuple[int, int, str]] = msgspec.field(default_factory=dict)
+
+
+class TxCoordinator:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicRegistry,
+        producer: Producer,
+        scheduler: DelayScheduler,
+        meta_dir: Path,
+        settings: TxSettings,
+        on_visible: Callable[[str, int], None],
+    ) -> None:
+        self._store = store
+        self._topics = topics
+        self._producer = producer
+        self._scheduler = scheduler
+        self._path = meta_dir / STATE_FILE
+        self.settings = settings
+        self._on_visible = on_visible
+        self.open: dict[str, Tx] = {}  # prepared and parked
+        self._recent: OrderedDict[str, Tx] = OrderedDict()  # ended, newest last
+        self._dirty = False
+        self.on_prepared: Callable[[Tx], None] = lambda tx: None
+        self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
+
+    # --- secrets ---
+
+    def secret_for(self, group: str) -> str | None:
+        return self.settings.secrets.get(group, self.settings.default_secret)
+
+    # --- prepare ---
+
+    async def prepare(self, req: TxPrepareRequest) -> TxPrepareResponse:
+        validate_topic(req.producer_group, allow_system=False)
+        if self.secret_for(req.producer_group) is None:
+            raise InvalidArgument(
+                f"no check-back secret is configured for producer group {req.producer_group!r} "
+                "(serve --tx-secret GROUP=SECRET)"
+            )
+        url = urlsplit(req.check_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise InvalidArgument(f"check_url must be an http(s) URL, not {req.check_url!r}")
+        timeout = self.settings.timeout_ms if req.timeout_ms is None else req.timeout_ms
+        if not 0 < timeout <= self.settings.max_timeout_ms:
+            raise InvalidArgument(f"timeout_ms must be 1..{self.settings.max_timeout_ms}")
+        tx_id = req.tx_id or new_id()
+        if _TX_ID.fullmatch(tx_id) is None:
+            raise InvalidArgument("tx_id must be 1-64 characters of A-Z a-z 0-9 _ -")
+        existing = self.open.get(tx_id) or self._recent.get(tx_id)
+        if existing is not None:
+            if existing.state is TxState.PREPARED and existing.topic == req.topic:
+                return TxPrepareResponse(tx_id, existing.message_id)  # a retried PREPARE
+            raise TransactionConflict(f"transaction {tx_id} exists and is {existing.state.value}")
+        if await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1):
+            raise TransactionConflict(f"transaction {tx_id} has already ended")
+        send = SendRequest(
+            req.topic, req.body, req.key, req.tags, req.headers, None, req.message_id
+        )
+        msg = self._producer.to_message(send)  # validates topic, key, queue choice
+        mid = msg.properties.get(PROP_MESSAGE_ID) or new_id()
+        op_mark = self._store.queue_range(OP_TOPIC, 0)[1]
+        props = {
+            **msg.properties,
+            PROP_MESSAGE_ID: mid,
+            PROP_TX: tx_id,
+            PROP_TARGET_TOPIC: msg.topic,
+            PROP_TARGET_QUEUE: str(msg.queue_id),
+            PROP_GROUP: req.producer_group,
+            PROP_CHECK_URL: req.check_url,
+            PROP_TIMEOUT: str(timeout),
+            PROP_OP_MARK: str(op_mark),
+        }
+        props.pop(PROP_IDEMPOTENCY_KEY, None)
+        if req.traceparent:
+            props[PROP_TRACEPARENT] = req.traceparent
+        if req.deliver_at_ms is not None:
+            props[PROP_DELIVER_AT] = str(req.deliver_at_ms)
+        half = Message(HALF_TOPIC, msg.body, 0, props, RecordFlag.TX_HALF)
+        self._store.validate(half)
+        res = await self._store.append(half)
+        now = res.store_timestamp_ms
+        tx = Tx(
+            tx_id,
+            msg.topic,
+            msg.queue_id,
+            req.producer_group,
+            req.check_url,
+            mid,
+            send.key,
+            req.traceparent,
+            timeout,
+            now,
+            res.physical_offset,
+            res.queue_offset,
+            op_mark,
+            next_check_ms=now + timeout,
+            deliver_at_ms=req.deliver_at_ms,
+        )
+        self.open[tx_id] = tx
+        self.counters["prepared"] += 1
+        self.on_prepared(tx)
+        return TxPrepareResponse(tx_id, mid)
+
+    # --- resolution ---
+
+    async def end(
+        self, tx_id: str, decision: Decision, by: Resolver, reason: str = ""
+    ) -> TxEndResponse:
+        """Commit or roll back, fenced: same decision again is a no-op, another is refused."""
+        tx = self.open.get(tx_id) or self._recent.get(tx_id)
+        if tx is None:
+            return await self._end_unknown(tx_id, decision)
+        if tx.ended or tx.busy:
+            if tx.state is decision.state:
+                return TxEndResponse(tx_id, tx.state.value, tx.resolved_by, duplicate=True)
+            raise TransactionConflict(
+                f"transaction {tx_id} is {tx.state.value} (by {tx.resolved_by or 'a resolution'}"
+                f" in progress); {decision.value} refused"
+            )
+        transition(tx, decision.state)  # guarded, synchronous: a racing END_TX sees it at once
+        tx.busy = True
+        tx.resolved_by = by.value
+        tx.last_reason = reason
+        try:
+            await self._write_resolution(tx, decision, by, reason)
+        finally:
+            tx.busy = False
+        tx.resolved_ms = time.time_ns() // 1_000_000
+        self.open.pop(tx_id, None)
+        self._remember(tx)
+        self.counters[tx.state.value] += 1
+        self._dirty = True
+        return TxEndResponse(tx_id, tx.state.value, tx.resolved_by)
+
+    async def _end_unknown(self, tx_id: str, decision: Decision) -> TxEndResponse:
+        found = await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1)
+        if not found:
+            raise TransactionNotFound(f"no transaction {tx_id!r} (never prepared, or expired)")
+        op = found[0].properties
+        if op.get(PROP_OP) == decision.value:
+            return TxEndResponse(tx_id, decision.state.value, op.get(PROP_BY, ""), duplicate=True)
+        raise TransactionConflict(f"transaction {tx_id} ended with {op.get(PROP_OP)}")
+
+    async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
+        end_key = f"txend:{tx.tx_id}"
+        if not await self._store.lookup(KeyKind.INTERNAL, end_key, limit=1):
+            op = {
+                PROP_TX: tx.tx_id,
+                PROP_OP: decision.value,
+                PROP_HALF_PHYS: str(tx.half_phys),
+                PROP_BY: by.value,
+                PROP_REASON: why[:500],
+                PROP_INTERNAL_KEY: end_key,
+            }
+            self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, RecordFlag.TX_OP))
+        target: tuple[str, int] | None = None
+        if decision is Decision.COMMIT:
+            target = await self._append_visible(tx.tx_id, tx.half_phys)
+        durable = self._store.durable()
+        if durable is not None:
+            await durable  # one group commit covers the op and the visible copy
+        if target is not None:
+            self._on_visible(*target)
+
+    async def _append_visible(self, tx_id: str, half_phys: int) -> tuple[str, int] | None:
+        """Append the committed copy unless it exists; return where it went (to notify)."""
+        key = f"txc:{tx_id}"
+        if await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
+            return None
+        half = await self._store.read(half_phys)
+        props = {k: v for k, v in half.properties.items() if k not in HALF_ONLY}
+        props[PROP_INTERNAL_KEY] = key
+        topic = half.properties[PROP_TARGET_TOPIC]
+        queue_id = int(half.properties[PROP_TARGET_QUEUE])
+        msg = Message(
+            topic, half.body, queue_id, props, RecordFlag.TX_COMMITTED, half.born_timestamp_ms
+        )
+        deliver_at = half.properties.get(PROP_DELIVER_AT)
+        if deliver_at is not None and int(deliver_at) > time.time_ns() // 1_000_000:
+            res = self._store.append_nowait(self._scheduler.prepare(msg, int(deliver_at)))
+            self._scheduler.notify(res.queue_id)
+            return None
+        self._store.append_nowait(msg)
+        return (topic, queue_id)
+
+    async def park(self, tx: Tx, reason: str) -> None:
+        transition(tx, TxState.PARKED)
+        tx.last_reason = reason
+        self._op(tx, "park", Resolver.CHECK, reason)
+        self._dirty = True
+
+    async def resume(self, tx_id: str) -> TxEndResponse:
+        tx = self.open.get(tx_id)
+        if tx is None or tx.state is not TxState.PARKED:
+            state = tx.state.value if tx else "not open"
+            raise TransactionConflict(f"only a parked transaction can resume; {tx_id} is {state}")
+        transition(tx, TxState.PREPARED)
+        tx.checks = 0
+        tx.next_check_ms = time.time_ns() // 1_000_000
+        tx.last_reason = "resumed by an operator"
+        self._op(tx, "resume", Resolver.OPERATOR, tx.last_reason)
+        self._dirty = True
+        durable = self._store.durable()
+        if durable is not None:
+            await durable
+        self.on_prepared(tx)
+        return TxEndResponse(tx_id, tx.state.value, Resolver.OPERATOR.value)
+
+    def _op(self, tx: Tx, op: str, by: Resolver, why: str) -> None:
+        props = {
+            PROP_TX: tx.tx_id,
+            PROP_OP: op,
+            PROP_HALF_PHYS: str(tx.half_phys),
+            PROP_BY: by.value,
+            PROP_REASON: why[:500],
+        }
+        self._store.append_nowait(Message(OP_TOPIC, b"", 0, props, RecordFlag.TX_OP))
+
+    def _remember(self, tx: Tx) -> None:
+        self._recent[tx.tx_id] = tx
+        while len(self._recent) > RECENT_MAX:
+            self._recent.popitem(last=False)
+
+    # --- queries ---
+
+    def get(self, tx_id: str) -> Tx:
+        tx = self.open.get(tx_id) or self._recent.get(tx_id)
+        if tx is None:
+            raise TransactionNotFound(f"no open or recent transaction {tx_id!r}")
+        return tx
+
+    def list(self, state: TxState | None, topic: str | None) -> list[Tx]:
+        out = [
+            tx
+            for tx in self.open.values()
+            if (state is None or tx.state is state) and (topic is None or tx.topic == topic)
+        ]
+        out.sort(key=lambda t: t.created_ms)
+        return out
+
+    def count(self, state: TxState) -> int:
+        return sum(1 for tx in self.open.values() if tx.state is state)
+
+    # --- persistence and recovery ---
+
+    def take_snapshot(self) -> bytes | None:
+        if not self._dirty:
+            return None
+        self._dirty = False
+        half_hi = self._store.queue_range(HALF_TOPIC, 0)[1]
+        op_hi = self._store.queue_range(OP_TOPIC, 0)[1]
+        saved = _Saved(
+            half_low=min((t.half_offset for t in self.open.values()), default=half_hi),
+            op_low=min((t.op_mark for t in self.open.values()), default=op_hi),
+            checks={
+                t.tx_id: (t.checks, t.next_check_ms, t.last_reason) for t in self.open.values()
+            },
+        )
+        return msgspec.json.encode(saved)
+
+    def write_snapshot(self, data: bytes) -> None:
+        try:
+            write_atomic(self._path, data)
+        except BaseException:
+            self._dirty = True
+            raise
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    async def recover(self) -> None:
+        """Rebuild open transactions from %HALF and %TXOP past the saved low-water marks, and
+        finish commits a crash interrupted."""
+        self._topics.ensure_system(HALF_TOPIC, 1)
+        self._topics.ensure_system(OP_TOPIC, 1)
+        saved = _Saved()
+        if self._path.exists():
+            saved = msgspec.json.decode(self._path.read_bytes(), type=_Saved)
+        ops: dict[str, list[StoredMessage]] = {}
+        async for rec in self._scan(OP_TOPIC, saved.op_low):
+            tx_id = rec.properties.get(PROP_TX, "")
+            ops.setdefault(tx_id, []).append(rec)
+        finished = 0
+        async for half in self._scan(HALF_TOPIC, saved.half_low):
+            tx = _tx_from_half(half)
+            history = ops.get(tx.tx_id, [])
+            final = next(
+                (o for o in history if o.properties.get(PROP_OP) in ("commit", "rollback")), None
+            )
+            if final is not None:
+                if final.properties[PROP_OP] == "commit":
+                    target = await self._append_visible(tx.tx_id, tx.half_phys)
+                    if target is not None:
+                        finished += 1
+                continue
+            for o in history:  # park and resume, in order
+                op = o.properties.get(PROP_OP)
+                if op == "park":
+                    tx.state = TxState.PARKED
+                    tx.last_reason = o.properties.get(PROP_REASON, "")
+                elif op == "resume":
+                    tx.state, tx.checks = TxState.PREPARED, 0
+            count, next_ms, reason = saved.checks.get(tx.tx_id, (0, tx.next_check_ms, ""))
+            if tx.state is TxState.PREPARED:
+                tx.checks, tx.next_check_ms = count, next_ms
+                tx.last_reason = reason or tx.last_reason
+            self.open[tx.tx_id] = tx
+        durable = self._store.durable()
+        if durable is not None:
+            await durable
+        if finished:
+            log.warning("recovery made %d interrupted commits visible", finished)
+        self._dirty = True
+        log.info("transactions: %d open after recovery", len(self.open))
+
+    async def _scan(self, topic: str, start: int) -> AsyncIterator[StoredMessage]:
+        lo, hi = self._store.queue_range(topic, 0)
+        offset = max(start, lo)
+        while offset < hi:
+            got = await self._store.get_messages(topic, 0, offset, SCAN_BATCH)
+            if not got.messages:
+                break
+            for m in got.messages:
+                yield m
+            offset = got.next_offset
+
+
+def _tx_from_half(m: StoredMessage) -> Tx:
+    p = m.properties
+    timeout = int(p[PROP_TIMEOUT])
+    deliver_at = p.get(PROP_DELIVER_AT)
+    return Tx(
+        p[PROP_TX],
+        p[PROP_TARGET_TOPIC],
+        int(p[PROP_TARGET_QUEUE]),
+        p[PROP_GROUP],
+        p[PROP_CHECK_URL],
+        p.get(PROP_MESSAGE_ID, ""),
+        m.keys[0] if m.keys else None,
+        p.get(PROP_TRACEPARENT),
+        timeout,
+        m.store_timestamp_ms,
+        m.physical_offset,
+        m.queue_offset,
+        int(p.get(PROP_OP_MARK, "0")),
+        next_check_ms=m.store_timestamp_ms + timeout,
+        deliver_at_ms=int(deliver_at) if deliver_at else None,
+    )
+
+
+def tx_info(tx: Tx) -> TxInfo:
+    return TxInfo(
+        tx.tx_id,
+        tx.state.value,
+        tx.topic,
+        tx.queue_id,
+        tx.producer_group,
+        tx.check_url,
+        tx.message_id,
+        tx.key,
+        tx.created_ms,
+        tx.checks,
+        tx.next_check_ms,
+        tx.last_reason,
+        tx.resolved_by,
+    )

@@ -1,0 +1,130 @@
+"""Transactions: states, the one guarded transition function, and the record properties.
+
+    PREPARED ──commit──▶ COMMITTED          (final)
+        │    ──rollback─▶ ROLLED_BACK       (final)
+        └──max checks──▶ PARKED ──commit | rollback (by an operator)
+                                └──resume──▶ PREPARED (checks start again)
+
+Resolution is final and fenced: a second END_TX with the same decision returns the first
+result; a different one is refused with TransactionConflict, whoever sends it (producer,
+back-check or operator).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Final
+
+from txbroker.errors import TransactionConflict
+
+__all__ = [
+    "HALF_TOPIC",
+    "OP_TOPIC",
+    "Decision",
+    "Resolver",
+    "Tx",
+    "TxState",
+    "transition",
+]
+
+HALF_TOPIC: Final = "%HALF"  # prepared messages, invisible to every consumer
+OP_TOPIC: Final = "%TXOP"  # one op record per decision, park and resume
+
+# Properties of a half record (beside the message's own: id, keys, tags, headers).
+PROP_TX: Final = "tx"  # transaction id (also kept on the committed message)
+PROP_TARGET_TOPIC: Final = "tt"
+PROP_TARGET_QUEUE: Final = "tq"
+PROP_GROUP: Final = "pg"  # producer group: picks the check-back secret
+PROP_CHECK_URL: Final = "cu"
+PROP_TRACEPARENT: Final = "tp"
+PROP_TIMEOUT: Final = "to"  # ms after PREPARE before the first back-check
+PROP_DELIVER_AT: Final = "da"  # delayed transactional message: deliver at (ms)
+PROP_OP_MARK: Final = "om"  # %TXOP end offset when prepared: where recovery reads ops from
+# Properties of an op record.
+PROP_OP: Final = "op"  # commit | rollback | park | resume
+PROP_HALF_PHYS: Final = "hp"  # physical offset of the half record
+PROP_BY: Final = "by"  # producer | check | operator
+PROP_REASON: Final = "why"
+
+# Properties that describe the transaction, not the message: stripped when it is committed.
+HALF_ONLY: Final = frozenset(
+    {
+        PROP_TARGET_TOPIC,
+        PROP_TARGET_QUEUE,
+        PROP_GROUP,
+        PROP_CHECK_URL,
+        PROP_TIMEOUT,
+        PROP_DELIVER_AT,
+        PROP_OP_MARK,
+    }
+)
+
+
+class TxState(enum.StrEnum):
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    PARKED = "parked"
+
+
+class Decision(enum.StrEnum):
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+
+    @property
+    def state(self) -> TxState:
+        return TxState.COMMITTED if self is Decision.COMMIT else TxState.ROLLED_BACK
+
+
+class Resolver(enum.StrEnum):
+    PRODUCER = "producer"
+    CHECK = "check"
+    OPERATOR = "operator"
+
+
+_ALLOWED: Final[dict[TxState, frozenset[TxState]]] = {
+    TxState.PREPARED: frozenset({TxState.COMMITTED, TxState.ROLLED_BACK, TxState.PARKED}),
+    TxState.PARKED: frozenset({TxState.COMMITTED, TxState.ROLLED_BACK, TxState.PREPARED}),
+    TxState.COMMITTED: frozenset(),
+    TxState.ROLLED_BACK: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class Tx:
+    tx_id: str
+    topic: str
+    queue_id: int
+    producer_group: str
+    check_url: str
+    message_id: str
+    key: str | None
+    traceparent: str | None
+    timeout_ms: int
+    created_ms: int
+    half_phys: int
+    half_offset: int  # queue offset in %HALF
+    op_mark: int  # %TXOP end offset when prepared
+    state: TxState = TxState.PREPARED
+    checks: int = 0  # back-checks that reached the endpoint
+    next_check_ms: int = 0
+    last_reason: str = ""
+    resolved_by: str = ""
+    resolved_ms: int = 0
+    deliver_at_ms: int | None = None
+    # Set while a resolution is being written, so a concurrent END_TX waits for it.
+    busy: bool = field(default=False, repr=False)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (TxState.COMMITTED, TxState.ROLLED_BACK)
+
+
+def transition(tx: Tx, to: TxState) -> None:
+    """The only way a transaction changes state."""
+    if to not in _ALLOWED[tx.state]:
+        raise TransactionConflict(
+            f"transaction {tx.tx_id} is {tx.state.value}; it cannot become {to.value}"
+        )
+    tx.state = to
