@@ -308,7 +308,7 @@ class MessageStore:
         if type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID:
             raise InvalidArgument(f"queue_id must be an int in 0..{MAX_QUEUE_ID}, not {qid!r}")
         flags = msg.flags
-        if type(flags) is not int or not 0 <= flags <= 0xFFFF:
+        if not isinstance(flags, int) or not 0 <= flags <= 0xFFFF:  # RecordFlag is an int
             raise InvalidArgument(f"flags must be an int in 0..65535, not {flags!r}")
         born = msg.born_timestamp_ms
         if type(born) is not int or born < 0:
