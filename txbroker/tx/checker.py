@@ -68,6 +68,7 @@ class BackChecker:
         self._wake = asyncio.Event()
         self._slots: dict[str, float] = {}  # endpoint -> next free send time (monotonic s)
         self._booked: set[str] = set()  # deferred transactions holding a reserved slot
+        self._last_send: dict[str, float] = {}  # endpoint -> when the last check went out
         self._sem = asyncio.Semaphore(settings.concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -126,6 +127,16 @@ class BackChecker:
                         heapq.heappush(self._heap, (tx.next_check_ms, tx_id))
                         continue
                 await self._sem.acquire()  # bounded concurrency: wait for a free lane
+                # Booked slots spread a backlog out, but a wait for a lane can bunch them up
+                # again: the rate is enforced here too, at the moment of sending.
+                gap = self._spacing(tx.check_url)
+                if gap > 0:
+                    self._sem.release()
+                    tx.next_check_ms = _now_ms() + max(int(gap * 1000), 1)
+                    self._booked.add(tx_id)
+                    heapq.heappush(self._heap, (tx.next_check_ms, tx_id))
+                    now = _now_ms()
+                    continue
                 task = asyncio.create_task(self._check(tx))
                 self._inflight.add(task)
                 self.max_inflight = max(self.max_inflight, len(self._inflight))
@@ -137,6 +148,17 @@ class BackChecker:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(nap):
                     await self._wake.wait()
+
+    def _spacing(self, url: str) -> float:
+        """Seconds until this endpoint may be sent to (0: now, and the send is recorded)."""
+        ep = _endpoint(url)
+        now = time.monotonic()
+        last = self._last_send.get(ep)
+        interval = 1.0 / self.settings.rate_per_s
+        if last is not None and now - last < interval:
+            return interval - (now - last)
+        self._last_send[ep] = now
+        return 0.0
 
     def _reserve(self, url: str) -> float:
         """Seconds until this endpoint may be checked again (0: now, and the slot is taken)."""
