@@ -194,6 +194,66 @@ async def _dlq(args: argparse.Namespace) -> int:
     return await _with_client(args, run)
 
 
+# --- tx ---
+
+
+def _tx_record(t: Any) -> dict[str, Any]:
+    return {
+        "tx_id": t.tx_id,
+        "state": t.state,
+        "topic": t.topic,
+        "queue": t.queue_id,
+        "producer_group": t.producer_group,
+        "check_url": t.check_url,
+        "message_id": t.message_id,
+        "key": t.key,
+        "created_ms": t.created_ms,
+        "checks": t.checks,
+        "next_check_ms": t.next_check_ms,
+        "reason": t.last_reason,
+        "resolved_by": t.resolved_by,
+    }
+
+
+async def _tx(args: argparse.Namespace) -> int:
+    async def run(c: Any) -> int:
+        if args.action == "prepare":
+            tx = await c.prepare(
+                args.topic,
+                (args.body or "").encode(),
+                producer_group=args.group,
+                check_url=args.check_url,
+                key=args.key,
+                timeout_ms=args.timeout_ms,
+            )
+            _print({"tx_id": tx.tx_id, "message_id": tx.message_id}, args.json, tx.tx_id)
+        elif args.action == "list":
+            state = {"pending": "prepared"}.get(args.state, args.state)
+            res = await c.list_transactions(state, args.topic, args.limit)
+            for t in res.transactions:
+                _print(
+                    _tx_record(t),
+                    args.json,
+                    f"{t.tx_id} {t.state:<9} {t.topic:<24} checks={t.checks} {t.last_reason}",
+                )
+            if not args.json:
+                print(f"{len(res.transactions)} of {res.total} shown", file=sys.stderr)
+        elif args.action == "show":
+            t = await c.show_transaction(args.tx_id)
+            record = _tx_record(t)
+            _print(record, args.json, "\n".join(f"{k:>15}: {v}" for k, v in record.items()))
+        else:
+            r = await c.resolve_transaction(args.tx_id, args.action)
+            _print(
+                {"tx_id": r.tx_id, "state": r.state, "duplicate": r.duplicate},
+                args.json,
+                f"{r.tx_id} is {r.state}" + (" (already)" if r.duplicate else ""),
+            )
+        return 0
+
+    return await _with_client(args, run)
+
+
 def _runner(
     coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
 ) -> Callable[[argparse.Namespace], int]:
@@ -242,6 +302,27 @@ def register(sub: Any) -> None:
     c.add_argument("--start", choices=["earliest", "latest"], default="earliest")
     common(c)
     c.set_defaults(func=_runner(_consume))
+
+    x = sub.add_parser("tx", help="transactions: list, show, resolve by hand, prepare")
+    xsub = x.add_subparsers(dest="action", required=True)
+    p = xsub.add_parser("list", help="open transactions (pending and parked)")
+    p.add_argument("--state", choices=["pending", "parked"])
+    p.add_argument("--topic")
+    p.add_argument("--limit", type=int, default=100)
+    common(p)
+    for action in ("show", "commit", "rollback", "resume"):
+        p = xsub.add_parser(action)
+        p.add_argument("tx_id")
+        common(p)
+    p = xsub.add_parser("prepare", help="prepare a half message (for operators and tests)")
+    p.add_argument("topic")
+    p.add_argument("--check-url", required=True)
+    p.add_argument("--group", default="cli", help="producer group (its secret signs checks)")
+    p.add_argument("--key")
+    p.add_argument("--body")
+    p.add_argument("--timeout-ms", type=int, help="first back-check after this long")
+    common(p)
+    x.set_defaults(func=_runner(_tx))
 
     d = sub.add_parser("dlq", help="inspect and re-drive a group's dead letters")
     dsub = d.add_subparsers(dest="action", required=True)

@@ -267,3 +267,46 @@ async def test_http_admin_lists_and_resolves(broker: BrokerProcess, checks: Chec
         metrics = (await h.get("/metrics")).text
         assert "txb_tx_commits_total 1" in metrics and "txb_tx_pending 0" in metrics
         assert await _consume_all(c, "orders", "g") == [b"via-http"]
+
+
+def test_tx_cli(broker: BrokerProcess, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "txbroker.cli", *args, "--server", broker.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli("topic", "create", "cli-tx").returncode == 0
+    out = cli(
+        "tx",
+        "prepare",
+        "cli-tx",
+        "--check-url",
+        "http://127.0.0.1:1/x",
+        "--group",
+        GROUP,
+        "--body",
+        "hello",
+        "--timeout-ms",
+        "600000",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    tx_id = json.loads(out.stdout)["tx_id"]
+    listed = [
+        json.loads(x) for x in cli("tx", "list", "--state", "pending", "--json").stdout.splitlines()
+    ]
+    assert [t["tx_id"] for t in listed] == [tx_id]
+    shown = json.loads(cli("tx", "show", tx_id, "--json").stdout)
+    assert shown["state"] == "prepared" and shown["topic"] == "cli-tx"
+    assert json.loads(cli("tx", "commit", tx_id, "--json").stdout)["state"] == "committed"
+    refused = cli("tx", "rollback", tx_id)
+    assert refused.returncode == 2 and "TRANSACTION_CONFLICT" in refused.stderr
+    missing = cli("tx", "show", "nope")
+    assert missing.returncode == 2 and "TRANSACTION_NOT_FOUND" in missing.stderr
