@@ -10,7 +10,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from txbroker.errors import TxbError
+from txbroker.errors import InvalidArgument, TxbError
 
 T = TypeVar("T")
 
@@ -179,6 +179,42 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_tx(args: argparse.Namespace) -> int:
+    from txbroker.bench.tx_bench import bench_tx
+
+    if not (0 <= args.rollback_rate <= 1 and 0 <= args.unknown_rate <= 1):
+        raise InvalidArgument("--rollback-rate and --unknown-rate are fractions in 0..1")
+    root = Path(args.data_dir) if args.data_dir else None
+    res = bench_tx(
+        args.transactions,
+        args.producers,
+        args.size,
+        args.rollback_rate,
+        args.unknown_rate,
+        args.flush,
+        args.runs,
+        root,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    m = res["median"]
+    assert isinstance(m, dict)
+    p, e = m["prepare_latency"], m["end_latency"]
+    print(
+        f"tx bench: {int(m['transactions']):,} transactions x {int(m['size'])} B, "
+        f"{int(m['producers'])} producers, flush={m['flush']} (median of {res['runs']})\n"
+        f"  throughput      {m['tx_per_s']:>10,.0f} transactions/s (prepare + end)\n"
+        f"  prepare         p50 {p['p50_ms']} ms  p99 {p['p99_ms']} ms  p999 {p['p999_ms']} ms\n"
+        f"  end             p50 {e['p50_ms']} ms  p99 {e['p99_ms']} ms  p999 {e['p999_ms']} ms\n"
+        f"  back-checks     {int(m['checks'])} made, {int(m['resolved_by_check'])} transactions "
+        f"left to them; unexpected {int(m['unexpected_checks'])}, "
+        f"duplicate {int(m['duplicate_checks'])}"
+    )
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -272,6 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--data-dir")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=_bench_e2e)
+
+    bt = bsub.add_parser("tx", help="transactions: prepare + commit/rollback, with back-checks")
+    bt.add_argument("--transactions", type=_positive, default=50_000)
+    bt.add_argument("--producers", type=_positive, default=64)
+    bt.add_argument("--size", type=_non_negative, default=1024)
+    bt.add_argument("--rollback-rate", type=float, default=0.0)
+    bt.add_argument("--unknown-rate", type=float, default=0.0, help="left to back-checks")
+    bt.add_argument("--flush", choices=["sync", "async"], default="sync")
+    bt.add_argument("--runs", type=_positive, default=3)
+    bt.add_argument("--data-dir")
+    bt.add_argument("--json", action="store_true")
+    bt.set_defaults(func=_bench_tx)
 
     bd = bsub.add_parser("disk", help="the disk's write+fdatasync ceiling per batch size")
     bd.add_argument("--batch", type=_positive, nargs="+", default=[32, 64, 128])

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,7 +35,9 @@ _STAMP = struct.Struct(">d")  # e2e bodies start with the sender's perf_counter(
 
 
 @contextlib.contextmanager
-def broker_process(flush: str, data_root: Path | None = None) -> Iterator[str]:
+def broker_process(
+    flush: str, data_root: Path | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[str]:
     """Run `txbroker serve` on free ports; yield its txb:// address."""
     root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
     cmd = [
@@ -51,6 +53,7 @@ def broker_process(flush: str, data_root: Path | None = None) -> Iterator[str]:
         "0",
         "--flush",
         flush,
+        *extra,
     ]
     with open(root / "broker.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -253,8 +256,9 @@ def bench_e2e(
     return _summary(results)
 
 
-def _summary(results: list[ProduceResult] | list[E2EResult]) -> dict[str, object]:
-    rows = [asdict(r) for r in results]
+def _summary(results: Sequence[object]) -> dict[str, object]:
+    """Median of every numeric field (and of every numeric field of dict fields) over runs."""
+    rows = [asdict(r) for r in results]  # type: ignore[call-overload]
     med: dict[str, object] = {}
     for k, v in rows[0].items():
         if isinstance(v, dict):

@@ -1,0 +1,224 @@
+"""`txbroker bench tx`: transactional messages end to end against a real broker.
+
+K producers run PREPARE then END_TX (commit, or rollback at --rollback-rate); a fraction
+--unknown-rate of transactions never get an END_TX and must be resolved by back-checks. A
+check-back server runs inside the bench (real HTTP, signed requests verified); it answers from
+the producer's recorded decision, and counts checks that should not have happened: checks of
+a transaction its producer had already ended (unexpected) and second checks of one already
+answered COMMIT or ROLLBACK (duplicate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
+from txbroker.bench.broker_bench import _pcts, _summary, broker_process
+
+GROUP = "bench"
+SECRET = "bench-secret"
+SETTINGS = "tx_timeout_ms = 1000\ncheck_backoff_base_ms = 500\ncheck_backoff_cap_ms = 1000\n"
+
+
+@dataclass(frozen=True)
+class TxBenchResult:
+    flush: str
+    transactions: int
+    producers: int
+    size: int
+    seconds: float
+    tx_per_s: float
+    prepare_latency: dict[str, float]
+    end_latency: dict[str, float]
+    checks: int
+    unexpected_checks: int
+    duplicate_checks: int
+    resolved_by_check: int
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.decided: dict[str, CheckStatus] = {}
+        self.ended: set[str] = set()
+        self.answered: Counter[str] = Counter()
+        self.checks = 0
+        self.unexpected = 0
+        self.duplicates = 0
+
+    def check(self, req: CheckRequest) -> CheckStatus:
+        self.checks += 1
+        if req.tx_id in self.ended:
+            self.unexpected += 1
+        answer = self.decided.setdefault(req.tx_id, CheckStatus.ROLLBACK)
+        if self.answered[req.tx_id]:
+            self.duplicates += 1
+        self.answered[req.tx_id] += 1
+        return answer
+
+
+async def _run(
+    url: str,
+    http_base: str,
+    service: _Service,
+    n: int,
+    producers: int,
+    size: int,
+    rollback_rate: float,
+    unknown_rate: float,
+    flush: str,
+) -> TxBenchResult:
+    from sdk import Client
+
+    body = os.urandom(size)
+    check_url = http_base + "/check"
+    clients = [await Client.connect(url) for _ in range(producers)]
+    await clients[0].create_topic("bench-tx", queues=8)
+    prep_lat: list[float] = []
+    end_lat: list[float] = []
+    per = n // producers
+    warm = int(per * 0.1)
+    unknown: list[str] = []
+
+    async def producer(c: Client, seed: int) -> None:
+        rng = random.Random(seed)
+        for i in range(per):
+            t0 = time.perf_counter()
+            tx = await c.prepare("bench-tx", body, producer_group=GROUP, check_url=check_url)
+            t1 = time.perf_counter()
+            roll = rng.random()
+            if roll < unknown_rate:
+                service.decided.setdefault(tx.tx_id, CheckStatus.COMMIT)
+                unknown.append(tx.tx_id)
+                continue
+            if roll < unknown_rate + rollback_rate:
+                service.decided.setdefault(tx.tx_id, CheckStatus.ROLLBACK)
+                await tx.rollback()
+            else:
+                service.decided.setdefault(tx.tx_id, CheckStatus.COMMIT)
+                await tx.commit()
+            service.ended.add(tx.tx_id)
+            if i >= warm:
+                prep_lat.append(t1 - t0)
+                end_lat.append(time.perf_counter() - t1)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(producer(c, i) for i, c in enumerate(clients)))
+    elapsed = time.perf_counter() - t0
+    # Wait (bounded) for the back-checks to resolve what producers left open.
+    deadline = time.monotonic() + 60
+    while (await clients[0].list_transactions(limit=1)).total:
+        if time.monotonic() > deadline:
+            print("  warning: transactions still open after 60 s", file=sys.stderr)
+            break
+        await asyncio.sleep(0.2)
+    for c in clients:
+        await c.close()
+    done = per * producers
+    return TxBenchResult(
+        flush,
+        done,
+        producers,
+        size,
+        round(elapsed, 3),
+        round(done / elapsed),
+        _pcts(prep_lat),
+        _pcts(end_lat),
+        service.checks,
+        service.unexpected,
+        service.duplicates,
+        len(unknown),
+    )
+
+
+def bench_tx(
+    transactions: int,
+    producers: int,
+    size: int,
+    rollback_rate: float,
+    unknown_rate: float,
+    flush: str,
+    runs: int,
+    data_root: Path | None = None,
+    progress: bool = True,
+) -> dict[str, object]:
+    results = []
+    for i in range(runs):
+        if progress:
+            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
+        cfg_dir = Path(tempfile.mkdtemp(prefix="txb-bench-tx-", dir=data_root))
+        try:
+            cfg = cfg_dir / "broker.toml"
+            cfg.write_text(SETTINGS)
+            extra = ("--config", str(cfg), "--tx-secret", f"{GROUP}={SECRET}")
+            with broker_process(flush, data_root, extra) as url:
+                run = _with_check_server(
+                    url, transactions, producers, size, rollback_rate, unknown_rate, flush
+                )
+                results.append(asyncio.run(run))
+        finally:
+            shutil.rmtree(cfg_dir, ignore_errors=True)
+    return _summary(results)
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the bench owns its signals
+
+
+async def _with_check_server(
+    url: str,
+    transactions: int,
+    producers: int,
+    size: int,
+    rollback_rate: float,
+    unknown_rate: float,
+    flush: str,
+) -> TxBenchResult:
+    """Run the service's check-back endpoint (real HTTP) beside the producers."""
+    service = _Service()
+    endpoint = CheckbackEndpoint(service.check, {GROUP: SECRET})
+    app = Starlette(routes=[Route("/check", endpoint, methods=["POST"])])
+    server = _QuietServer(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)  # uvicorn offers no started event
+        port = server.servers[0].sockets[0].getsockname()[1]
+        return await _run(
+            url,
+            f"http://127.0.0.1:{port}",
+            service,
+            transactions,
+            producers,
+            size,
+            rollback_rate,
+            unknown_rate,
+            flush,
+        )
+    finally:
+        server.should_exit = True
+        await asyncio.gather(task, return_exceptions=True)
+
+
+__all__ = ["TxBenchResult", "bench_tx"]
