@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from txbroker.bench.broker_bench import _pcts, _summary, broker_process
+from txbroker.bench.broker_bench import _pcts, _summary, broker_process, run_client
 
 GROUP = "bench"
 SECRET = "bench-secret"
@@ -169,7 +169,7 @@ def bench_tx(
                 run = _with_check_server(
                     url, transactions, producers, size, rollback_rate, unknown_rate, flush
                 )
-                results.append(asyncio.run(run))
+                results.append(run_client(run))
         finally:
             shutil.rmtree(cfg_dir, ignore_errors=True)
     return _summary(results)

@@ -27,6 +27,7 @@ from txbroker.store.record import (
     PROP_KEYS,
     PROP_MESSAGE_ID,
     PROP_TAGS,
+    RecordFlag,
 )
 
 __all__ = ["Phase", "RecoveryReport", "recover"]
@@ -186,7 +187,8 @@ def recover(
         past_cp = rec.phys >= p
         qkey = (rec.topic, rec.queue_id)
         to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
-        to_index = past_cp or rebuild_index
+        # Half messages are not indexed (see store._UNINDEXED); replay must build the same index.
+        to_index = (past_cp or rebuild_index) and not rec.flags & RecordFlag.TX_HALF
         if not (to_queue or to_index):
             continue
         cq = queues.get(qkey)

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import msgspec
 
@@ -58,6 +58,7 @@ from txbroker.store.record import (
     PROP_KEYS,
     PROP_MESSAGE_ID,
     Message,
+    RecordFlag,
     StoredMessage,
     decode_record,
     encode_properties,
@@ -72,6 +73,11 @@ log = logging.getLogger(__name__)
 # Output of MessageStore._prepare: topic, topic bytes, body, queue id, flags, born ms,
 # properties, encoded properties, message id.
 _Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], bytes, str]
+
+
+# Half messages are never looked up by key or id (their committed copies are), so they are not
+# indexed: saves index space and time on the transaction hot path.
+_UNINDEXED: Final = int(RecordFlag.TX_HALF)
 
 
 class StoreState(enum.Enum):
@@ -336,7 +342,9 @@ class MessageStore:
             phys, size = self.log.append(
                 tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
             )
-            dispatch(cq, self.index, props, phys, size, qoff, store_ms)
+            dispatch(
+                cq, self.index, props, phys, size, qoff, store_ms, to_index=flags & _UNINDEXED == 0
+            )
         except (OSError, StoreFailed) as e:
             # The record may be in the log and not in its queue: nothing can be undone safely
             # in place, so stop appending; reopening recovers a consistent state.

@@ -180,8 +180,7 @@ class TxCoordinator:
         if req.deliver_at_ms is not None:
             props[PROP_DELIVER_AT] = str(req.deliver_at_ms)
         half = Message(HALF_TOPIC, msg.body, 0, props, RecordFlag.TX_HALF)
-        self._store.validate(half)
-        res = await self._store.append(half)
+        res = await self._store.append(half)  # validates everything before writing anything
         now = res.store_timestamp_ms
         tx = Tx(
             tx_id,
@@ -246,30 +245,33 @@ class TxCoordinator:
         raise TransactionConflict(f"transaction {tx_id} ended with {op.get(PROP_OP)}")
 
     async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
+        # No index look-ups here: this runs only for an open transaction in memory, which by
+        # construction has no op record and no visible copy yet (recovery handles the rest).
         end_key = f"txend:{tx.tx_id}"
-        if not await self._store.lookup(KeyKind.INTERNAL, end_key, limit=1):
-            op = {
-                PROP_TX: tx.tx_id,
-                PROP_OP: decision.value,
-                PROP_HALF_PHYS: str(tx.half_phys),
-                PROP_BY: by.value,
-                PROP_REASON: why[:500],
-                PROP_INTERNAL_KEY: end_key,
-            }
-            self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, RecordFlag.TX_OP))
+        op = {
+            PROP_TX: tx.tx_id,
+            PROP_OP: decision.value,
+            PROP_HALF_PHYS: str(tx.half_phys),
+            PROP_BY: by.value,
+            PROP_REASON: why[:500],
+            PROP_INTERNAL_KEY: end_key,
+        }
+        self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, RecordFlag.TX_OP))
         target: tuple[str, int] | None = None
         if decision is Decision.COMMIT:
-            target = await self._append_visible(tx.tx_id, tx.half_phys)
+            target = await self._append_visible(tx.tx_id, tx.half_phys, check_existing=False)
         durable = self._store.durable()
         if durable is not None:
             await durable  # one group commit covers the op and the visible copy
         if target is not None:
             self._on_visible(*target)
 
-    async def _append_visible(self, tx_id: str, half_phys: int) -> tuple[str, int] | None:
+    async def _append_visible(
+        self, tx_id: str, half_phys: int, *, check_existing: bool = True
+    ) -> tuple[str, int] | None:
         """Append the committed copy unless it exists; return where it went (to notify)."""
         key = f"txc:{tx_id}"
-        if await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
+        if check_existing and await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
             return None
         half = await self._store.read(half_phys)
         props = {k: v for k, v in half.properties.items() if k not in HALF_ONLY}
