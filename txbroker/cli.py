@@ -195,6 +195,7 @@ def _bench_tx(args: argparse.Namespace) -> int:
         args.runs,
         root,
         progress=not args.json,
+        connections=args.connections,
     )
     if args.json:
         print(json.dumps(res))
@@ -313,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--transactions", type=_positive, default=50_000)
     bt.add_argument("--producers", type=_positive, default=64)
     bt.add_argument("--size", type=_non_negative, default=1024)
+    bt.add_argument("--connections", type=_positive, default=8, help="shared by the producers")
     bt.add_argument("--rollback-rate", type=float, default=0.0)
     bt.add_argument("--unknown-rate", type=float, default=0.0, help="left to back-checks")
     bt.add_argument("--flush", choices=["sync", "async"], default="sync")

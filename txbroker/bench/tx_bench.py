@@ -81,12 +81,14 @@ async def _run(
     rollback_rate: float,
     unknown_rate: float,
     flush: str,
+    connections: int,
 ) -> TxBenchResult:
     from sdk import Client
 
     body = os.urandom(size)
     check_url = http_base + "/check"
-    clients = [await Client.connect(url) for _ in range(producers)]
+    # Producers share connections (requests pipeline on each), as services' workers would.
+    clients = [await Client.connect(url) for _ in range(min(connections, producers))]
     await clients[0].create_topic("bench-tx", queues=8)
     prep_lat: list[float] = []
     end_lat: list[float] = []
@@ -117,7 +119,7 @@ async def _run(
                 end_lat.append(time.perf_counter() - t1)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(producer(c, i) for i, c in enumerate(clients)))
+    await asyncio.gather(*(producer(clients[i % len(clients)], i) for i in range(producers)))
     elapsed = time.perf_counter() - t0
     # Wait (bounded) for the back-checks to resolve what producers left open.
     deadline = time.monotonic() + 60
@@ -155,6 +157,7 @@ def bench_tx(
     runs: int,
     data_root: Path | None = None,
     progress: bool = True,
+    connections: int = 8,
 ) -> dict[str, object]:
     results = []
     for i in range(runs):
@@ -167,7 +170,14 @@ def bench_tx(
             extra = ("--config", str(cfg), "--tx-secret", f"{GROUP}={SECRET}")
             with broker_process(flush, data_root, extra) as url:
                 run = _with_check_server(
-                    url, transactions, producers, size, rollback_rate, unknown_rate, flush
+                    url,
+                    transactions,
+                    producers,
+                    size,
+                    rollback_rate,
+                    unknown_rate,
+                    flush,
+                    connections,
                 )
                 results.append(run_client(run))
         finally:
@@ -189,6 +199,7 @@ async def _with_check_server(
     rollback_rate: float,
     unknown_rate: float,
     flush: str,
+    connections: int,
 ) -> TxBenchResult:
     """Run the service's check-back endpoint (real HTTP) beside the producers."""
     service = _Service()
@@ -215,6 +226,7 @@ async def _with_check_server(
             rollback_rate,
             unknown_rate,
             flush,
+            connections,
         )
     finally:
         server.should_exit = True

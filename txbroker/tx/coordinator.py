@@ -87,6 +87,10 @@ _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # are answered from the op records through the index.
 RECENT_MAX: Final = 100_000
 SCAN_BATCH: Final = 512
+# Open transactions keep small half bodies in memory (64 MiB in all at most) so a commit needs
+# no read back from the log; larger or later ones are read when committed.
+CACHE_BODY_MAX: Final = 64 * 1024
+CACHE_TOTAL_MAX: Final = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,7 @@ class TxCoordinator:
         self._dirty = False
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
+        self._cached_bytes = 0
 
     # --- secrets ---
 
@@ -199,6 +204,9 @@ class TxCoordinator:
             next_check_ms=now + timeout,
             deliver_at_ms=req.deliver_at_ms,
         )
+        if len(msg.body) <= CACHE_BODY_MAX and self._cached_bytes < CACHE_TOTAL_MAX:
+            tx.half = (msg.body, props, res.store_timestamp_ms)
+            self._cached_bytes += len(msg.body)
         self.open[tx_id] = tx
         self.counters["prepared"] += 1
         self.on_prepared(tx)
@@ -229,6 +237,9 @@ class TxCoordinator:
         finally:
             tx.busy = False
         tx.resolved_ms = time.time_ns() // 1_000_000
+        if tx.half is not None:
+            self._cached_bytes -= len(tx.half[0])
+            tx.half = None
         self.open.pop(tx_id, None)
         self._remember(tx)
         self.counters[tx.state.value] += 1
@@ -259,7 +270,9 @@ class TxCoordinator:
         self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, RecordFlag.TX_OP))
         target: tuple[str, int] | None = None
         if decision is Decision.COMMIT:
-            target = await self._append_visible(tx.tx_id, tx.half_phys, check_existing=False)
+            target = await self._append_visible(
+                tx.tx_id, tx.half_phys, check_existing=False, half=tx.half
+            )
         durable = self._store.durable()
         if durable is not None:
             await durable  # one group commit covers the op and the visible copy
@@ -267,21 +280,27 @@ class TxCoordinator:
             self._on_visible(*target)
 
     async def _append_visible(
-        self, tx_id: str, half_phys: int, *, check_existing: bool = True
+        self,
+        tx_id: str,
+        half_phys: int,
+        *,
+        check_existing: bool = True,
+        half: tuple[bytes, dict[str, str], int] | None = None,
     ) -> tuple[str, int] | None:
         """Append the committed copy unless it exists; return where it went (to notify)."""
         key = f"txc:{tx_id}"
         if check_existing and await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
             return None
-        half = await self._store.read(half_phys)
-        props = {k: v for k, v in half.properties.items() if k not in HALF_ONLY}
+        if half is None:
+            stored = await self._store.read(half_phys)
+            half = (stored.body, stored.properties, stored.born_timestamp_ms)
+        body, half_props, born_ms = half
+        props = {k: v for k, v in half_props.items() if k not in HALF_ONLY}
         props[PROP_INTERNAL_KEY] = key
-        topic = half.properties[PROP_TARGET_TOPIC]
-        queue_id = int(half.properties[PROP_TARGET_QUEUE])
-        msg = Message(
-            topic, half.body, queue_id, props, RecordFlag.TX_COMMITTED, half.born_timestamp_ms
-        )
-        deliver_at = half.properties.get(PROP_DELIVER_AT)
+        topic = half_props[PROP_TARGET_TOPIC]
+        queue_id = int(half_props[PROP_TARGET_QUEUE])
+        msg = Message(topic, body, queue_id, props, RecordFlag.TX_COMMITTED, born_ms)
+        deliver_at = half_props.get(PROP_DELIVER_AT)
         if deliver_at is not None and int(deliver_at) > time.time_ns() // 1_000_000:
             res = self._store.append_nowait(self._scheduler.prepare(msg, int(deliver_at)))
             self._scheduler.notify(res.queue_id)

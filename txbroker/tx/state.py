@@ -113,6 +113,9 @@ class Tx:
     resolved_by: str = ""
     resolved_ms: int = 0
     deliver_at_ms: int | None = None
+    # The half record's body and properties, kept while open when small (saves reading and
+    # decoding it back at commit); None means read it from the log.
+    half: tuple[bytes, dict[str, str], int] | None = field(default=None, repr=False)
     # Set while a resolution is being written, so a concurrent END_TX waits for it.
     busy: bool = field(default=False, repr=False)
 
