@@ -87,6 +87,10 @@ _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # are answered from the op records through the index.
 RECENT_MAX: Final = 100_000
 SCAN_BATCH: Final = 512
+# Plain ints: IntFlag arithmetic runs in Python and showed up on the append path.
+_TX_HALF: Final = int(RecordFlag.TX_HALF)
+_TX_OP: Final = int(RecordFlag.TX_OP)
+_TX_COMMITTED: Final = int(RecordFlag.TX_COMMITTED)
 # Open transactions keep small half bodies in memory (64 MiB in all at most) so a commit needs
 # no read back from the log; larger or later ones are read when committed.
 CACHE_BODY_MAX: Final = 64 * 1024
@@ -184,7 +188,7 @@ class TxCoordinator:
             props[PROP_TRACEPARENT] = req.traceparent
         if req.deliver_at_ms is not None:
             props[PROP_DELIVER_AT] = str(req.deliver_at_ms)
-        half = Message(HALF_TOPIC, msg.body, 0, props, RecordFlag.TX_HALF)
+        half = Message(HALF_TOPIC, msg.body, 0, props, _TX_HALF)
         res = await self._store.append(half)  # validates everything before writing anything
         now = res.store_timestamp_ms
         tx = Tx(
@@ -267,7 +271,7 @@ class TxCoordinator:
             PROP_REASON: why[:500],
             PROP_INTERNAL_KEY: end_key,
         }
-        self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, RecordFlag.TX_OP))
+        self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, _TX_OP))
         target: tuple[str, int] | None = None
         if decision is Decision.COMMIT:
             target = await self._append_visible(
@@ -299,7 +303,7 @@ class TxCoordinator:
         props[PROP_INTERNAL_KEY] = key
         topic = half_props[PROP_TARGET_TOPIC]
         queue_id = int(half_props[PROP_TARGET_QUEUE])
-        msg = Message(topic, body, queue_id, props, RecordFlag.TX_COMMITTED, born_ms)
+        msg = Message(topic, body, queue_id, props, _TX_COMMITTED, born_ms)
         deliver_at = half_props.get(PROP_DELIVER_AT)
         if deliver_at is not None and int(deliver_at) > time.time_ns() // 1_000_000:
             res = self._store.append_nowait(self._scheduler.prepare(msg, int(deliver_at)))
@@ -339,7 +343,7 @@ class TxCoordinator:
             PROP_BY: by.value,
             PROP_REASON: why[:500],
         }
-        self._store.append_nowait(Message(OP_TOPIC, b"", 0, props, RecordFlag.TX_OP))
+        self._store.append_nowait(Message(OP_TOPIC, b"", 0, props, _TX_OP))
 
     def _remember(self, tx: Tx) -> None:
         self._recent[tx.tx_id] = tx
