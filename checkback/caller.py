@@ -67,12 +67,14 @@ async def call_check(
 
     try:
         resp = await client.post(url, content=body, headers=headers, timeout=timeout_s)
-    except httpx.TimeoutException as e:
-        sent = not isinstance(e, httpx.ConnectTimeout)
-        outcome = CheckOutcome.TIMEOUT if sent else CheckOutcome.UNREACHABLE
-        return result(CheckStatus.UNKNOWN, outcome, f"no answer within {timeout_s} s")
-    except httpx.TransportError as e:
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+        # Nothing reached the endpoint: not a check that was asked.
         return result(CheckStatus.UNKNOWN, CheckOutcome.UNREACHABLE, f"unreachable: {e!r}")
+    except httpx.TimeoutException:
+        return result(CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, f"no answer within {timeout_s} s")
+    except httpx.TransportError as e:
+        # Sent, then the connection broke (reset, closed before answering): it was asked.
+        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"connection failed: {e!r}")
     if not 200 <= resp.status_code < 300:
         return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"HTTP {resp.status_code}")
     try:

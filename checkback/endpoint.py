@@ -60,9 +60,17 @@ class CheckbackEndpoint:
         sig = request.headers.get(HEADER_SIGNATURE)
         if not ts or not sig:
             return _error(401, f"missing {HEADER_TIMESTAMP} or {HEADER_SIGNATURE}")
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
             return _error(413, "body too large for a check-back")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():  # bounded as it arrives, not after
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return _error(413, "body too large for a check-back")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         try:
             check = msgspec.json.decode(body, type=CheckRequest)
         except msgspec.DecodeError as e:

@@ -12,6 +12,7 @@ The tree, with the behaviour each category carries as class attributes::
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
     ├── TopicExists               a topic with other settings already exists
     ├── TransactionConflict       a decision that contradicts how the transaction ended
+    ├── TooManyTransactions       the open-transaction bound is reached (retriable)
     ├── TransactionNotFound       no such transaction (NotFound)
     ├── StaleGeneration           a consumer's view of its group is out of date (retriable)
     ├── Unauthenticated           missing or wrong auth token: the connection is closed
@@ -46,6 +47,7 @@ __all__ = [
     "StoreError",
     "StoreFailed",
     "StoreLocked",
+    "TooManyTransactions",
     "TopicExists",
     "TransactionConflict",
     "TransactionNotFound",
@@ -88,6 +90,11 @@ class NotFound(TxbError):
 
 class TransactionConflict(TxbError):
     code = "TRANSACTION_CONFLICT"
+
+
+class TooManyTransactions(TxbError):
+    code = "TOO_MANY_TRANSACTIONS"
+    retriable = True
 
 
 class TransactionNotFound(NotFound):

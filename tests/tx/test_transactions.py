@@ -192,6 +192,14 @@ async def test_unknown_and_invalid_requests(broker: BrokerProcess, checks: Check
                 __import__("txbroker.protocol.frames", fromlist=["Opcode"]).Opcode.HEARTBEAT,
                 {"group": "spy", "topic": "%HALF", "member_id": "m"},
             )
+        with pytest.raises(InvalidArgument, match="days away"):
+            await c.prepare(
+                "orders",
+                b"x",
+                producer_group=GROUP,
+                check_url=checks.url,
+                deliver_at_ms=int(time.time() * 1000) + 40 * 86_400_000,
+            )
         tx = await c.prepare("orders", b"x", producer_group=GROUP, check_url=checks.url)
         again = await c.prepare(
             "orders", b"x", producer_group=GROUP, check_url=checks.url, tx_id=tx.tx_id
@@ -263,7 +271,7 @@ async def test_http_admin_lists_and_resolves(broker: BrokerProcess, checks: Chec
         r = await h.post(f"/v1/transactions/{tx.tx_id}/commit")
         assert r.status_code == 200 and r.json()["state"] == "committed"
         r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback")
-        assert r.status_code == 500 or r.json()["error"]["code"] == "TRANSACTION_CONFLICT"
+        assert r.status_code == 409 and r.json()["error"]["code"] == "TRANSACTION_CONFLICT"
         metrics = (await h.get("/metrics")).text
         assert "txb_tx_commits_total 1" in metrics and "txb_tx_pending 0" in metrics
         assert await _consume_all(c, "orders", "g") == [b"via-http"]

@@ -178,13 +178,14 @@ class BrokerServer:
         while True:
             await asyncio.sleep(1)
             self.groups.expire_all()
-            try:
-                for owner in (self.groups, self.scheduler, self.tx):
-                    data = owner.take_snapshot() if owner is not None else None
-                    if data is not None and owner is not None:
-                        await asyncio.to_thread(owner.write_snapshot, data)
-            except OSError:
-                log.exception("cannot persist consumer offsets; will retry")
+            for owner in (self.groups, self.scheduler, self.tx):
+                data = owner.take_snapshot() if owner is not None else None
+                if data is None or owner is None:
+                    continue
+                try:
+                    await asyncio.to_thread(owner.write_snapshot, data)
+                except OSError:
+                    log.exception("cannot persist %s; will retry", type(owner).__name__)
 
     async def stop(self) -> None:
         """Stop accepting, answer what is in flight (bounded), flush and close the store."""

@@ -32,8 +32,9 @@ class ServerConfig:
     # A consumer that has not heartbeated for this long loses its queues.
     session_timeout_ms: int = 10_000
     # Transactions: first back-check after tx_timeout_ms, then backoff doubling from the base
-    # to the cap; park after max_checks answered checks. Checks in flight and per-endpoint rate
-    # are bounded. tx_secrets maps producer group -> HMAC secret (tx_default_secret for others).
+    # to the cap; park after max_checks checks that reached the endpoint. Checks in flight and
+    # the per-endpoint rate are bounded. tx_secrets maps producer group -> HMAC secret
+    # (tx_default_secret for other groups).
     tx_timeout_ms: int = 6_000
     check_backoff_base_ms: int = 5_000
     check_backoff_cap_ms: int = 300_000
@@ -77,6 +78,14 @@ class ServerConfig:
         return cls(**_coerce(values))
 
     def __post_init__(self) -> None:
+        for name in (
+            "tx_timeout_ms",
+            "check_backoff_base_ms",
+            "check_backoff_cap_ms",
+            "check_timeout_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive")
         if self.max_checks < 1 or self.check_concurrency < 1 or self.check_rate_per_s <= 0:
             raise InvalidArgument("max_checks, check_concurrency and check_rate_per_s must be > 0")
         if self.auth_token == "":

@@ -121,10 +121,9 @@ def build_handlers(
         return await tx.end(req.tx_id, decision, Resolver.PRODUCER)
 
     async def tx_list(req: TxListRequest) -> TxListResponse:
-        try:
-            state = TxState(req.state) if req.state else None
-        except ValueError as e:
-            raise InvalidArgument("state must be prepared or parked") from e
+        if req.state not in (None, "", "prepared", "parked"):
+            raise InvalidArgument("state must be prepared or parked")
+        state = TxState(req.state) if req.state else None
         found = tx.list(state, req.topic)
         limit = max(1, min(req.limit, 10_000))
         return TxListResponse([tx_info(t) for t in found[:limit]], len(found))

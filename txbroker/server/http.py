@@ -23,7 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from txbroker.errors import InvalidArgument, NotFound, TxbError, Unauthenticated
+from txbroker.errors import (
+    InvalidArgument,
+    NotFound,
+    TransactionConflict,
+    TxbError,
+    Unauthenticated,
+)
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.groups import GroupCoordinator
@@ -36,7 +42,12 @@ from txbroker.tx.state import Decision, Resolver, TxState
 
 __all__ = ["build_http_app"]
 
-_STATUS: dict[type[TxbError], int] = {NotFound: 404, InvalidArgument: 400}
+_STATUS: dict[type[TxbError], int] = {
+    NotFound: 404,
+    InvalidArgument: 400,
+    TransactionConflict: 409,
+    Unauthenticated: 401,
+}
 MAX_LOOKUP: int = 100
 
 
@@ -194,10 +205,9 @@ def build_http_app(
 
     async def list_transactions(request: Request) -> Response:
         raw = request.query_params.get("state")
-        try:
-            state = TxState(raw) if raw else None
-        except ValueError as e:
-            raise InvalidArgument("state must be prepared or parked") from e
+        if raw not in (None, "", "prepared", "parked"):
+            raise InvalidArgument("state must be prepared or parked")
+        state = TxState(raw) if raw else None
         found = coordinator().list(state, request.query_params.get("topic"))
         return JSONResponse(
             {

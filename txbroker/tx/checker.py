@@ -42,7 +42,9 @@ MAX_NAP_S: Final = 1.0
 
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
-    # 5 s doubling to 5 min: 15 checks span about 50 minutes before a transaction parks.
+    # 5 s doubling to 5 min: with the defaults the 15th counted check comes about 45 minutes
+    # after the first. A check counts when it reached the endpoint (answered, badly, or timed
+    # out); an unreachable endpoint backs off the same way but never parks a transaction.
     backoff_base_ms: int = 5_000
     backoff_cap_ms: int = 300_000
     max_checks: int = 15
@@ -115,6 +117,8 @@ class BackChecker:
                 due_ms, tx_id = heapq.heappop(self._heap)
                 tx = self._coord.open.get(tx_id)
                 if tx is None or tx.state is not TxState.PREPARED or tx.next_check_ms != due_ms:
+                    if tx is None or tx.state is not TxState.PREPARED:
+                        self._booked.discard(tx_id)
                     continue  # ended, parked, or rescheduled since: a stale heap entry
                 if tx_id in self._booked:
                     self._booked.discard(tx_id)  # its slot was reserved when it was deferred
@@ -214,6 +218,7 @@ class BackChecker:
                 log.exception("could not apply the check of %s", tx.tx_id)
                 self._reschedule(tx, "could not apply the answer")
             return
+        tx.attempts += 1
         if res.sent:
             tx.checks += 1
         tx.last_reason = f"check {tx.checks}: {res.reason}"
@@ -226,7 +231,9 @@ class BackChecker:
         if tx.state is not TxState.PREPARED:
             return
         s = self.settings
-        delay = min(s.backoff_base_ms * 2 ** max(tx.checks - 1, 0), s.backoff_cap_ms)
+        # The wait grows with every attempt, reached or not, so an endpoint that is down is not
+        # hammered every few seconds forever (it just never parks the transaction by itself).
+        delay = min(s.backoff_base_ms * 2 ** min(max(tx.attempts - 1, 0), 30), s.backoff_cap_ms)
         tx.next_check_ms = _now_ms() + delay
         tx.last_reason = reason
         self._coord.mark_dirty()

@@ -17,6 +17,7 @@ end offset when it was prepared), so restart cost follows the unresolved window,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -30,7 +31,13 @@ from urllib.parse import urlsplit
 import msgspec
 
 from txbroker.atomicfile import write_atomic
-from txbroker.errors import InvalidArgument, TransactionConflict, TransactionNotFound
+from txbroker.errors import (
+    InvalidArgument,
+    TooManyTransactions,
+    TransactionConflict,
+    TransactionNotFound,
+    TxbError,
+)
 from txbroker.ids import new_id
 from txbroker.names import validate_topic
 from txbroker.protocol.messages import (
@@ -75,6 +82,7 @@ from txbroker.tx.state import (
     Tx,
     TxState,
     transition,
+    transition_back,
 )
 
 __all__ = ["TxCoordinator", "TxSettings"]
@@ -103,6 +111,8 @@ class TxSettings:
     max_timeout_ms: int = 24 * 3600 * 1000
     secrets: dict[str, str] = field(default_factory=dict)  # producer group -> secret
     default_secret: str | None = None
+    # Open transactions live in memory; bound them (about 1 KiB each without the cached body).
+    max_open: int = 1_000_000
 
 
 class _Saved(msgspec.Struct):
@@ -162,14 +172,23 @@ class TxCoordinator:
         existing = self.open.get(tx_id) or self._recent.get(tx_id)
         if existing is not None:
             if existing.state is TxState.PREPARED and existing.topic == req.topic:
+                if existing.pending is not None:
+                    await asyncio.shield(existing.pending)  # the first PREPARE's group commit
                 return TxPrepareResponse(tx_id, existing.message_id)  # a retried PREPARE
             raise TransactionConflict(f"transaction {tx_id} exists and is {existing.state.value}")
+        if len(self.open) >= self.settings.max_open:
+            raise TooManyTransactions(
+                f"{len(self.open)} transactions are open (limit {self.settings.max_open}): end "
+                "some, or resolve parked ones"
+            )
         if await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1):
             raise TransactionConflict(f"transaction {tx_id} has already ended")
         send = SendRequest(
             req.topic, req.body, req.key, req.tags, req.headers, None, req.message_id
         )
         msg = self._producer.to_message(send)  # validates topic, key, queue choice
+        if req.deliver_at_ms is not None:
+            self._scheduler.prepare(msg, req.deliver_at_ms)  # refuses an impossible time now
         mid = msg.properties.get(PROP_MESSAGE_ID) or new_id()
         op_mark = self._store.queue_range(OP_TOPIC, 0)[1]
         props = {
@@ -189,7 +208,7 @@ class TxCoordinator:
         if req.deliver_at_ms is not None:
             props[PROP_DELIVER_AT] = str(req.deliver_at_ms)
         half = Message(HALF_TOPIC, msg.body, 0, props, _TX_HALF)
-        res = await self._store.append(half)  # validates everything before writing anything
+        res = self._store.append_nowait(half)  # validates everything before writing anything
         now = res.store_timestamp_ms
         tx = Tx(
             tx_id,
@@ -211,7 +230,21 @@ class TxCoordinator:
         if len(msg.body) <= CACHE_BODY_MAX and self._cached_bytes < CACHE_TOTAL_MAX:
             tx.half = (msg.body, props, res.store_timestamp_ms)
             self._cached_bytes += len(msg.body)
+        # Open (and in the next snapshot's low-water mark) before waiting for durability: a
+        # snapshot taken meanwhile must not skip past this half record.
         self.open[tx_id] = tx
+        self._dirty = True
+        durable = self._store.durable()
+        if durable is not None:
+            tx.pending = durable
+            try:
+                await asyncio.shield(durable)
+            except BaseException:
+                if not durable.done() or durable.exception() is not None:
+                    self._forget(tx)  # never became durable: not prepared
+                raise
+            finally:
+                tx.pending = None
         self.counters["prepared"] += 1
         self.on_prepared(tx)
         return TxPrepareResponse(tx_id, mid)
@@ -225,29 +258,33 @@ class TxCoordinator:
         tx = self.open.get(tx_id) or self._recent.get(tx_id)
         if tx is None:
             return await self._end_unknown(tx_id, decision)
-        if tx.ended or tx.busy:
+        if tx.pending is not None:
+            await asyncio.shield(tx.pending)  # a PREPARE or a resolution still being written
+        if tx.ended:
             if tx.state is decision.state:
                 return TxEndResponse(tx_id, tx.state.value, tx.resolved_by, duplicate=True)
             raise TransactionConflict(
-                f"transaction {tx_id} is {tx.state.value} (by {tx.resolved_by or 'a resolution'}"
-                f" in progress); {decision.value} refused"
+                f"transaction {tx_id} is {tx.state.value} (by {tx.resolved_by}); "
+                f"{decision.value} refused"
             )
+        before = tx.state
         transition(tx, decision.state)  # guarded, synchronous: a racing END_TX sees it at once
-        tx.busy = True
         tx.resolved_by = by.value
         tx.last_reason = reason
+        # The resolution runs as its own task: a client that disconnects mid-way cancels its
+        # request, not the writes already handed to the log.
+        work = asyncio.ensure_future(self._write_resolution(tx, decision, by, reason))
+        tx.pending = work
         try:
-            await self._write_resolution(tx, decision, by, reason)
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            transition_back(tx, before)  # nothing durable: the transaction is as it was
+            raise
         finally:
-            tx.busy = False
-        tx.resolved_ms = time.time_ns() // 1_000_000
-        if tx.half is not None:
-            self._cached_bytes -= len(tx.half[0])
-            tx.half = None
-        self.open.pop(tx_id, None)
-        self._remember(tx)
-        self.counters[tx.state.value] += 1
-        self._dirty = True
+            if work.done():
+                tx.pending = None
         return TxEndResponse(tx_id, tx.state.value, tx.resolved_by)
 
     async def _end_unknown(self, tx_id: str, decision: Decision) -> TxEndResponse:
@@ -258,6 +295,20 @@ class TxCoordinator:
         if op.get(PROP_OP) == decision.value:
             return TxEndResponse(tx_id, decision.state.value, op.get(PROP_BY, ""), duplicate=True)
         raise TransactionConflict(f"transaction {tx_id} ended with {op.get(PROP_OP)}")
+
+    def _forget(self, tx: Tx) -> None:
+        if tx.half is not None:
+            self._cached_bytes -= len(tx.half[0])
+            tx.half = None
+        self.open.pop(tx.tx_id, None)
+
+    def _finish(self, tx: Tx) -> None:
+        """Bookkeeping once a resolution is durable."""
+        tx.resolved_ms = time.time_ns() // 1_000_000
+        self._forget(tx)
+        self._remember(tx)
+        self.counters[tx.state.value] += 1
+        self._dirty = True
 
     async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
         # No index look-ups here: this runs only for an open transaction in memory, which by
@@ -280,6 +331,8 @@ class TxCoordinator:
         durable = self._store.durable()
         if durable is not None:
             await durable  # one group commit covers the op and the visible copy
+        tx.pending = None
+        self._finish(tx)
         if target is not None:
             self._on_visible(*target)
 
@@ -324,7 +377,7 @@ class TxCoordinator:
             state = tx.state.value if tx else "not open"
             raise TransactionConflict(f"only a parked transaction can resume; {tx_id} is {state}")
         transition(tx, TxState.PREPARED)
-        tx.checks = 0
+        tx.checks = tx.attempts = 0
         tx.next_check_ms = time.time_ns() // 1_000_000
         tx.last_reason = "resumed by an operator"
         self._op(tx, "resume", Resolver.OPERATOR, tx.last_reason)
@@ -418,19 +471,28 @@ class TxCoordinator:
             )
             if final is not None:
                 if final.properties[PROP_OP] == "commit":
-                    target = await self._append_visible(tx.tx_id, tx.half_phys)
+                    try:
+                        target = await self._append_visible(tx.tx_id, tx.half_phys)
+                    except TxbError as e:  # never let one record stop the broker starting
+                        log.error("cannot complete the commit of %s: %s", tx.tx_id, e)
+                        continue
                     if target is not None:
                         finished += 1
                 continue
+            resumed = False
             for o in history:  # park and resume, in order
                 op = o.properties.get(PROP_OP)
                 if op == "park":
                     tx.state = TxState.PARKED
                     tx.last_reason = o.properties.get(PROP_REASON, "")
+                    resumed = False
                 elif op == "resume":
                     tx.state, tx.checks = TxState.PREPARED, 0
+                    resumed = True
             count, next_ms, reason = saved.checks.get(tx.tx_id, (0, tx.next_check_ms, ""))
-            if tx.state is TxState.PREPARED:
+            if tx.state is TxState.PARKED:
+                tx.checks = count
+            elif not resumed:  # counts saved before a resume belong to the earlier round
                 tx.checks, tx.next_check_ms = count, next_ms
                 tx.last_reason = reason or tx.last_reason
             self.open[tx.tx_id] = tx

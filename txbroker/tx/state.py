@@ -12,9 +12,10 @@ back-check or operator).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from txbroker.errors import TransactionConflict
 
@@ -26,6 +27,7 @@ __all__ = [
     "Tx",
     "TxState",
     "transition",
+    "transition_back",
 ]
 
 HALF_TOPIC: Final = "%HALF"  # prepared messages, invisible to every consumer
@@ -107,7 +109,8 @@ class Tx:
     half_offset: int  # queue offset in %HALF
     op_mark: int  # %TXOP end offset when prepared
     state: TxState = TxState.PREPARED
-    checks: int = 0  # back-checks that reached the endpoint
+    checks: int = 0  # back-checks that reached the endpoint (they park it at the maximum)
+    attempts: int = 0  # back-checks tried, reached or not (they set the backoff)
     next_check_ms: int = 0
     last_reason: str = ""
     resolved_by: str = ""
@@ -116,12 +119,21 @@ class Tx:
     # The half record's body and properties, kept while open when small (saves reading and
     # decoding it back at commit); None means read it from the log.
     half: tuple[bytes, dict[str, str], int] | None = field(default=None, repr=False)
-    # Set while a resolution is being written, so a concurrent END_TX waits for it.
-    busy: bool = field(default=False, repr=False)
+    # While a PREPARE or a resolution is being written: what a concurrent request waits for.
+    pending: asyncio.Future[Any] | None = field(default=None, repr=False)
 
     @property
     def ended(self) -> bool:
         return self.state in (TxState.COMMITTED, TxState.ROLLED_BACK)
+
+
+def transition_back(tx: Tx, to: TxState) -> None:
+    """Undo a transition whose writes failed (nothing reached the log): the one exception to
+    the table above, used only by the coordinator's failure path."""
+    assert tx.state in (TxState.COMMITTED, TxState.ROLLED_BACK)
+    assert to in (TxState.PREPARED, TxState.PARKED)
+    tx.state = to
+    tx.resolved_by = ""
 
 
 def transition(tx: Tx, to: TxState) -> None:
