@@ -3,16 +3,16 @@
 PREPARE appends a *half record* to ``%HALF``: the message as it will be delivered, plus the
 transaction's properties. No consumer can read ``%HALF``.
 
-Resolving appends an *op record* to ``%TXOP`` (the decision, durable first), then for a commit
-the *visible copy* in the real topic (same message id, same body). Both carry internal index
-keys (``txend:<tx>``, ``txc:<tx>``) and each is appended only if its key is not yet in the
-index, so however often a resolution is retried or replayed, and wherever a crash interrupts
-it, the message becomes visible exactly once. Recovery finishes what a crash interrupted:
-a commit op whose visible copy is missing gets it.
+Resolving appends one *decision record*, indexed under the internal key ``txend:<tx>``: for a
+commit, the *visible copy* in the real topic (same message id, same body); for a rollback, an
+*op record* in ``%TXOP``. One record, so a decision is never half written: after a crash it is
+either in the log or not, and a transaction without one is still open (a back-check decides).
+Parking and resuming append op records too (without the key).
 
-Everything the coordinator knows is rebuilt from those two topics at start, reading from
-low-water marks saved in ``meta/tx.json`` (the oldest unresolved half record, and the op-topic
-end offset when it was prepared), so restart cost follows the unresolved window, not history.
+Everything the coordinator knows is rebuilt at start from ``%HALF``, ``%TXOP`` and the index,
+reading from low-water marks saved in ``meta/tx.json`` (the oldest unresolved half record, and
+the op-topic end offset when it was prepared), so restart cost follows the unresolved window,
+not history.
 """
 
 from __future__ import annotations
@@ -291,10 +291,12 @@ class TxCoordinator:
         found = await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1)
         if not found:
             raise TransactionNotFound(f"no transaction {tx_id!r} (never prepared, or expired)")
-        op = found[0].properties
-        if op.get(PROP_OP) == decision.value:
-            return TxEndResponse(tx_id, decision.state.value, op.get(PROP_BY, ""), duplicate=True)
-        raise TransactionConflict(f"transaction {tx_id} ended with {op.get(PROP_OP)}")
+        rec = found[0]
+        ended = rec.properties.get(PROP_OP) if rec.topic == OP_TOPIC else Decision.COMMIT.value
+        if ended == decision.value:
+            by = rec.properties.get(PROP_BY, "")
+            return TxEndResponse(tx_id, decision.state.value, by, duplicate=True)
+        raise TransactionConflict(f"transaction {tx_id} ended with {ended}")
 
     def _forget(self, tx: Tx) -> None:
         if tx.half is not None:
@@ -311,26 +313,29 @@ class TxCoordinator:
         self._dirty = True
 
     async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
-        # No index look-ups here: this runs only for an open transaction in memory, which by
-        # construction has no op record and no visible copy yet (recovery handles the rest).
+        # The decision record carries the key txend:<tx>. For a rollback it is an op record in
+        # %TXOP; for a commit it is the visible copy itself (one record, so a commit can never
+        # be half written). No index look-ups here: an open transaction in memory has, by
+        # construction, no decision record yet (recovery handles the rest).
         end_key = f"txend:{tx.tx_id}"
-        op = {
-            PROP_TX: tx.tx_id,
-            PROP_OP: decision.value,
-            PROP_HALF_PHYS: str(tx.half_phys),
-            PROP_BY: by.value,
-            PROP_REASON: why[:500],
-            PROP_INTERNAL_KEY: end_key,
-        }
-        self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, _TX_OP))
         target: tuple[str, int] | None = None
         if decision is Decision.COMMIT:
             target = await self._append_visible(
-                tx.tx_id, tx.half_phys, check_existing=False, half=tx.half
+                tx.tx_id, tx.half_phys, check_existing=False, half=tx.half, by=by
             )
+        else:
+            op = {
+                PROP_TX: tx.tx_id,
+                PROP_OP: decision.value,
+                PROP_HALF_PHYS: str(tx.half_phys),
+                PROP_BY: by.value,
+                PROP_REASON: why[:500],
+                PROP_INTERNAL_KEY: end_key,
+            }
+            self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, _TX_OP))
         durable = self._store.durable()
         if durable is not None:
-            await durable  # one group commit covers the op and the visible copy
+            await durable
         tx.pending = None
         self._finish(tx)
         if target is not None:
@@ -343,9 +348,12 @@ class TxCoordinator:
         *,
         check_existing: bool = True,
         half: tuple[bytes, dict[str, str], int] | None = None,
+        by: Resolver = Resolver.PRODUCER,
+        key: str | None = None,
     ) -> tuple[str, int] | None:
-        """Append the committed copy unless it exists; return where it went (to notify)."""
-        key = f"txc:{tx_id}"
+        """Append the committed copy (the commit's decision record, key ``txend:<tx>``) unless
+        it exists; return where it went (to notify)."""
+        key = key or f"txend:{tx_id}"
         if check_existing and await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
             return None
         if half is None:
@@ -354,6 +362,7 @@ class TxCoordinator:
         body, half_props, born_ms = half
         props = {k: v for k, v in half_props.items() if k not in HALF_ONLY}
         props[PROP_INTERNAL_KEY] = key
+        props[PROP_BY] = by.value
         topic = half_props[PROP_TARGET_TOPIC]
         queue_id = int(half_props[PROP_TARGET_QUEUE])
         msg = Message(topic, body, queue_id, props, _TX_COMMITTED, born_ms)
@@ -469,10 +478,16 @@ class TxCoordinator:
             final = next(
                 (o for o in history if o.properties.get(PROP_OP) in ("commit", "rollback")), None
             )
+            if final is None and await self._store.lookup(
+                KeyKind.INTERNAL, f"txend:{tx.tx_id}", limit=1
+            ):
+                continue  # committed: its visible copy is its decision record
             if final is not None:
-                if final.properties[PROP_OP] == "commit":
+                if final.properties[PROP_OP] == "commit":  # written by an earlier version
                     try:
-                        target = await self._append_visible(tx.tx_id, tx.half_phys)
+                        target = await self._append_visible(
+                            tx.tx_id, tx.half_phys, key=f"txc:{tx.tx_id}"
+                        )
                     except TxbError as e:  # never let one record stop the broker starting
                         log.error("cannot complete the commit of %s: %s", tx.tx_id, e)
                         continue
