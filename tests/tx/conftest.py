@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 from tests.conftest import BrokerProcess
@@ -46,6 +47,7 @@ class CheckServer:
     answers: dict[str, CheckStatus] = field(default_factory=dict)
     default: CheckStatus = CheckStatus.UNKNOWN
     seen: list[CheckRequest] = field(default_factory=list)
+    traceparents: list[str | None] = field(default_factory=list)
 
     def resolve(self, check: CheckRequest) -> CheckStatus:
         self.seen.append(check)
@@ -59,7 +61,14 @@ class CheckServer:
 async def checks() -> AsyncIterator[CheckServer]:
     server = CheckServer()
     endpoint = CheckbackEndpoint(server.resolve, {GROUP: SECRET})
-    app = Starlette(routes=[Route("/txb/check", endpoint, methods=["POST"])])
+
+    class Recording:  # an ASGI app (a class instance, so Starlette passes scope/receive/send)
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            tp = dict(scope.get("headers", [])).get(b"traceparent")
+            server.traceparents.append(tp.decode() if tp else None)
+            await endpoint(scope, receive, send)
+
+    app = Starlette(routes=[Route("/txb/check", Recording(), methods=["POST"])])
     async with serve_app(app) as base:
         server.url = base + "/txb/check"
         yield server

@@ -107,6 +107,8 @@ async def test_missing_end_is_resolved_by_a_check(
     assert [(s.tx_id, s.topic, s.producer_group) for s in checks.seen] == [
         (tx.tx_id, "orders", GROUP)
     ]
+    # The trace context travels from the PREPARE through the back-check.
+    assert checks.traceparents == ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
 
 
 async def test_unknown_answers_park_after_the_maximum(

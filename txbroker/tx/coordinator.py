@@ -91,8 +91,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE: Final = "tx.json"
 _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
-# Ended transactions stay in memory this long for cheap duplicate END_TX answers; older ones
-# are answered from the op records through the index.
+# This many ended transactions stay in memory for cheap duplicate END_TX answers; older ones
+# are answered from their decision records (txend:<tx>) through the index.
 RECENT_MAX: Final = 100_000
 SCAN_BATCH: Final = 512
 # Plain ints: IntFlag arithmetic runs in Python and showed up on the append path.
@@ -348,7 +348,7 @@ class TxCoordinator:
         *,
         check_existing: bool = True,
         half: tuple[bytes, dict[str, str], int] | None = None,
-        by: Resolver = Resolver.PRODUCER,
+        by: Resolver,
         key: str | None = None,
     ) -> tuple[str, int] | None:
         """Append the committed copy (the commit's decision record, key ``txend:<tx>``) unless
@@ -460,8 +460,8 @@ class TxCoordinator:
         self._dirty = True
 
     async def recover(self) -> None:
-        """Rebuild open transactions from %HALF and %TXOP past the saved low-water marks, and
-        finish commits a crash interrupted."""
+        """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
+        marks (and complete commits recorded as op records by an earlier version)."""
         self._topics.ensure_system(HALF_TOPIC, 1)
         self._topics.ensure_system(OP_TOPIC, 1)
         saved = _Saved()
@@ -486,7 +486,10 @@ class TxCoordinator:
                 if final.properties[PROP_OP] == "commit":  # written by an earlier version
                     try:
                         target = await self._append_visible(
-                            tx.tx_id, tx.half_phys, key=f"txc:{tx.tx_id}"
+                            tx.tx_id,
+                            tx.half_phys,
+                            key=f"txc:{tx.tx_id}",
+                            by=Resolver(final.properties.get(PROP_BY, "producer")),
                         )
                     except TxbError as e:  # never let one record stop the broker starting
                         log.error("cannot complete the commit of %s: %s", tx.tx_id, e)
