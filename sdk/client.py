@@ -45,6 +45,8 @@ from txbroker.protocol.messages import (
 __all__ = ["Client", "ConnectionClosed", "RequestTimeout", "Transaction", "parse_server_url"]
 
 DEFAULT_PORT = 9876
+# Deadlines are checked this often: a timeout fires at most this much late.
+SWEEP_INTERVAL_S = 0.05
 
 
 class ConnectionClosed(TxbError):
@@ -84,6 +86,10 @@ class Client:
         self._timeout_s = timeout_s
         self._reconnect_s = reconnect_s
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        # Request deadlines are checked by one sweeper task rather than a timer per request:
+        # a timer per request cost as much as the request itself in the client's profile.
+        self._deadlines: dict[int, tuple[float, float]] = {}  # corr -> (deadline, timeout_s)
+        self._sweeper: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._closed: TxbError | None = ConnectionClosed("not connected yet")
         self._user_closed = False
@@ -157,6 +163,9 @@ class Client:
     async def close(self) -> None:
         self._user_closed = True
         self._fail(ConnectionClosed("the client closed the connection"))
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         await self._drop()
 
     async def _drop(self) -> None:
@@ -177,20 +186,37 @@ class Client:
             raise self._closed
         assert self._writer is not None
         corr = next(self._ids) & 0xFFFFFFFF
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._pending[corr] = (opcode, fut)
+        if timeout_s is not None:
+            self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = loop.create_task(self._sweep())
         self._writer.write(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
         try:
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
-            # races the answer's arrival, and the caller's task then never stops.
-            async with asyncio.timeout(timeout_s):
-                return await fut
-        except TimeoutError:
-            raise RequestTimeout(
-                f"{Opcode(opcode).name} got no answer within {timeout_s} s (its outcome is unknown)"
-            ) from None
+            return await fut
         finally:
             self._pending.pop(corr, None)
+            self._deadlines.pop(corr, None)
+
+    async def _sweep(self) -> None:
+        """Fail requests past their deadline with RequestTimeout (their outcome is unknown)."""
+        while self._deadlines:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for corr, (deadline, timeout_s) in list(self._deadlines.items()):
+                if deadline <= now:
+                    del self._deadlines[corr]
+                    entry = self._pending.get(corr)
+                    if entry is not None and not entry[1].done():
+                        name = Opcode(entry[0]).name
+                        entry[1].set_exception(
+                            RequestTimeout(
+                                f"{name} got no answer within {timeout_s} s "
+                                "(its outcome is unknown)"
+                            )
+                        )
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         decoder = FrameDecoder()

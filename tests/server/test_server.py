@@ -228,3 +228,22 @@ async def test_stop_is_prompt_with_long_polls_held(tmp_path: Path) -> None:
         assert res.messages == []  # answered, empty, before the connection closed
     finally:
         await c.close()
+
+
+async def test_a_silent_server_times_requests_out() -> None:
+    from sdk import RequestTimeout
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept bytes, never answer
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout, match=r"HELLO got no answer within 0\.3 s"):
+            await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=0.3)
+        assert 0.3 <= time.monotonic() - t0 < 2
+    finally:
+        server.close()
+        await server.wait_closed()
