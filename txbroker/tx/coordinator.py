@@ -271,6 +271,8 @@ class TxCoordinator:
         transition(tx, decision.state)  # guarded, synchronous: a racing END_TX sees it at once
         tx.resolved_by = by.value
         tx.last_reason = reason
+        if decision is Decision.ROLLBACK or tx.half is not None:
+            return await self._end_fast(tx, decision, by, reason, before)
         # The resolution runs as its own task: a client that disconnects mid-way cancels its
         # request, not the writes already handed to the log.
         work = asyncio.ensure_future(self._write_resolution(tx, decision, by, reason))
@@ -297,6 +299,56 @@ class TxCoordinator:
             by = rec.properties.get(PROP_BY, "")
             return TxEndResponse(tx_id, decision.state.value, by, duplicate=True)
         raise TransactionConflict(f"transaction {tx_id} ended with {ended}")
+
+    async def _end_fast(
+        self, tx: Tx, decision: Decision, by: Resolver, reason: str, before: TxState
+    ) -> TxEndResponse:
+        """The common case, with nothing to read back: append the decision record now
+        (synchronously), then wait for its group commit. Bookkeeping hangs on the group commit
+        itself, so a client that disconnects mid-way cancels only its wait, not the outcome."""
+        try:
+            target = self._append_decision_now(tx, decision, by, reason)
+        except BaseException:
+            transition_back(tx, before)  # validation failed before anything was written
+            raise
+        durable = self._store.durable()
+        if durable is None:  # async flush: written is as good as it gets
+            self._finish(tx)
+            if target is not None:
+                self._on_visible(*target)
+            return TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
+
+        def settled(f: asyncio.Future[None]) -> None:
+            tx.pending = None
+            if f.cancelled() or f.exception() is not None:
+                transition_back(tx, before)  # the store failed: nothing is known durable
+                return
+            self._finish(tx)
+            if target is not None:
+                self._on_visible(*target)
+
+        tx.pending = durable
+        durable.add_done_callback(settled)
+        await asyncio.shield(durable)
+        return TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
+
+    def _append_decision_now(
+        self, tx: Tx, decision: Decision, by: Resolver, why: str
+    ) -> tuple[str, int] | None:
+        end_key = f"txend:{tx.tx_id}"
+        if decision is Decision.COMMIT:
+            assert tx.half is not None
+            return self._append_copy(tx.tx_id, tx.half, by, end_key)
+        op = {
+            PROP_TX: tx.tx_id,
+            PROP_OP: decision.value,
+            PROP_HALF_PHYS: str(tx.half_phys),
+            PROP_BY: by.value,
+            PROP_REASON: why[:500],
+            PROP_INTERNAL_KEY: end_key,
+        }
+        self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, _TX_OP))
+        return None
 
     def _forget(self, tx: Tx) -> None:
         if tx.half is not None:
@@ -359,6 +411,13 @@ class TxCoordinator:
         if half is None:
             stored = await self._store.read(half_phys)
             half = (stored.body, stored.properties, stored.born_timestamp_ms)
+        return self._append_copy(tx_id, half, by, key)
+
+    def _append_copy(
+        self, tx_id: str, half: tuple[bytes, dict[str, str], int], by: Resolver, key: str
+    ) -> tuple[str, int] | None:
+        """Append the visible copy (or its schedule copy, for a delayed commit) without waiting;
+        return (topic, queue) to wake once durable, or None for a scheduled one."""
         body, half_props, born_ms = half
         props = {k: v for k, v in half_props.items() if k not in HALF_ONLY}
         props[PROP_INTERNAL_KEY] = key
