@@ -1,5 +1,6 @@
 """The HTTP check-back contract: the endpoint a service mounts, request signing, and the
-broker-side caller."""
+broker-side caller. The barrier-backed resolver lives in ``checkback.barrier`` (it needs the
+``sdk`` extra: SQLAlchemy and a database driver)."""
 
 from checkback.caller import CheckOutcome, CheckResult, call_check
 from checkback.contract import CheckRequest, CheckResponse, CheckStatus

@@ -216,6 +216,19 @@ def _bench_tx(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db_upgrade(args: argparse.Namespace) -> int:
+    import os
+
+    from txbroker.db import upgrade
+
+    url = args.url or os.environ.get("TXB_DATABASE_URL")
+    if not url:
+        raise InvalidArgument("give --url (or TXB_DATABASE_URL), e.g. postgresql://user@host/db")
+    upgrade(url)
+    print("txbroker tables are up to date", file=sys.stderr)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -272,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--messages", type=_positive, default=200_000)
     demo.add_argument("--recovery-mib", type=_positive, default=256)
     demo.set_defaults(func=_demo)
+
+    db = sub.add_parser("db", help="the SDK's tables in a service's database")
+    dsub = db.add_subparsers(dest="db_command", required=True)
+    up = dsub.add_parser("upgrade", help="create or upgrade the txbroker tables")
+    up.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
+    up.set_defaults(func=_db_upgrade)
 
     from txbroker.cli_client import register
 

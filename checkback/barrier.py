@@ -1,0 +1,82 @@
+"""The local-transaction barrier: a check-back can never disagree with the service's database.
+
+The business transaction inserts ``txb_local_tx(tx_id, 'committed')`` (:func:`record_commit`)
+before it commits. A back-check inserts ``(tx_id, 'rolled_back')`` if no row exists
+(:class:`BarrierResolver`):
+
+* its row wins → the answer is ROLLBACK, and the business transaction, if it is still open,
+  fails on the primary key when it commits (or at its insert): it rolls back, as answered;
+* a ``committed`` row is there → COMMIT.
+
+While the business transaction is open, the check's insert waits for it (PostgreSQL waits on
+the uncommitted key; SQLite on the write lock), so the answer always matches the outcome.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Executable, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from checkback.contract import CheckRequest, CheckStatus
+from sdk.tables import LOCAL_TX
+from txbroker.errors import TxbError
+
+__all__ = ["BarrierResolver", "TransactionFenced", "record_commit"]
+
+COMMITTED = "committed"
+ROLLED_BACK = "rolled_back"
+
+
+class TransactionFenced(TxbError):
+    """A back-check already answered ROLLBACK for this transaction: the business transaction
+    must roll back too (it would otherwise commit data whose message was discarded)."""
+
+    code = "TRANSACTION_FENCED"
+
+
+async def record_commit(
+    conn: AsyncConnection | AsyncSession, tx_id: str, topic: str | None, key: str | None
+) -> None:
+    """Insert the barrier row inside the business transaction."""
+    try:
+        await conn.execute(
+            LOCAL_TX.insert().values(tx_id=tx_id, state=COMMITTED, topic=topic, key=key)
+        )
+    except IntegrityError as e:
+        raise TransactionFenced(
+            f"transaction {tx_id} was already rolled back by a back-check; roll back"
+        ) from e
+
+
+class BarrierResolver:
+    """A check-back resolver backed by the barrier table (pass it to CheckbackEndpoint)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def __call__(self, check: CheckRequest) -> CheckStatus:
+        row = {
+            "tx_id": check.tx_id,
+            "state": ROLLED_BACK,
+            "topic": check.topic,
+            "key": check.key,
+        }
+        async with self._engine.begin() as conn:
+            stmt: Executable
+            if conn.dialect.name == "postgresql":
+                stmt = pg_insert(LOCAL_TX).values(row).on_conflict_do_nothing()
+            elif conn.dialect.name == "sqlite":
+                stmt = sqlite_insert(LOCAL_TX).values(row).on_conflict_do_nothing()
+            else:  # pragma: no cover - the SDK supports PostgreSQL and SQLite
+                raise TxbError(f"unsupported database {conn.dialect.name}")
+            result = await conn.execute(stmt)
+            inserted = result.rowcount == 1
+            if inserted:
+                return CheckStatus.ROLLBACK
+            state = await conn.scalar(
+                select(LOCAL_TX.c.state).where(LOCAL_TX.c.tx_id == check.tx_id)
+            )
+        return CheckStatus.COMMIT if state == COMMITTED else CheckStatus.ROLLBACK

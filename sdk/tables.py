@@ -1,0 +1,74 @@
+"""The tables txbroker keeps in a service's own database (SQLAlchemy Core, one MetaData).
+
+``txb_local_tx`` is the transaction barrier: one row per transactional message, written in
+the business transaction (``committed``) or by a back-check that got there first
+(``rolled_back``). ``txb_inbox`` records each message a consumer group applied, so a
+redelivery is recognised and skipped. ``txb_outbox`` holds messages written in the business
+transaction until the relay publishes them.
+
+The schema is created by the Alembic migrations in ``migrations/`` (``txbroker db upgrade``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    func,
+)
+
+__all__ = ["INBOX", "LOCAL_TX", "OUTBOX", "metadata"]
+
+metadata: Final = MetaData()
+
+# Ids are UUIDv7 hex (32 characters) by default; 64 leaves room for a service's own scheme.
+_ID: Final = 64
+
+LOCAL_TX: Final = Table(
+    "txb_local_tx",
+    metadata,
+    Column("tx_id", String(_ID), primary_key=True),
+    Column("state", String(16), nullable=False),  # committed | rolled_back
+    Column("topic", String(127), nullable=True),
+    Column("key", String(1024), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+INBOX: Final = Table(
+    "txb_inbox",
+    metadata,
+    Column("consumer_group", String(127), primary_key=True),
+    Column("message_id", String(_ID), primary_key=True),
+    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+OUTBOX: Final = Table(
+    "txb_outbox",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("topic", String(127), nullable=False),
+    Column("key", String(1024), nullable=True),
+    Column("tags", String(1024), nullable=True),
+    Column("headers", JSON, nullable=True),
+    Column("body", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("published_at", DateTime(timezone=True), nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+)
+
+# The relay scans unpublished rows in id order; retention scans old rows by time.
+Index("ix_txb_outbox_unpublished", OUTBOX.c.published_at, OUTBOX.c.id)
+Index("ix_txb_local_tx_created", LOCAL_TX.c.created_at)
+Index("ix_txb_inbox_processed", INBOX.c.processed_at)
