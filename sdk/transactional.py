@@ -1,0 +1,141 @@
+"""``@transactional``: change the database and publish a message about it, both or neither.
+
+    publisher = TxPublisher(client, sessionmaker, producer_group="orders-svc",
+                            check_url="http://orders:8000/txb/check")
+
+    @publisher.transactional("orders", key=lambda order: order["id"])
+    async def place_order(session: AsyncSession, item: str) -> dict:
+        order = {"id": new_order_id(), "item": item}
+        await session.execute(orders.insert().values(**order))
+        return order  # the message body (JSON), sent only if this commits
+
+Per call, in one database transaction: run the function, PREPARE the half message (its result
+is the body), insert the barrier row, commit; then END_TX(commit). A failure before the
+database commit rolls back both (the half message is rolled back, or, if even that fails, its
+back-check finds no barrier row and answers ROLLBACK). A failure after the commit (the END_TX
+is lost) is left to the back-check, which finds the committed barrier row: COMMIT.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import msgspec
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from checkback.barrier import record_commit
+from sdk.client import Client, Transaction
+from txbroker.errors import TxbError
+from txbroker.ids import new_id
+
+__all__ = ["TxPublisher", "encode_body"]
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_json = msgspec.json.Encoder()
+
+
+def encode_body(result: object) -> bytes:
+    """bytes as they are, str as UTF-8, anything else as JSON."""
+    if isinstance(result, bytes | bytearray | memoryview):
+        return bytes(result)
+    if isinstance(result, str):
+        return result.encode()
+    return _json.encode(result)
+
+
+class TxPublisher:
+    def __init__(
+        self,
+        client: Client,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        *,
+        producer_group: str,
+        check_url: str,
+        timeout_ms: int | None = None,
+    ) -> None:
+        self._client = client
+        self._sessions = sessionmaker
+        self.producer_group = producer_group
+        self.check_url = check_url
+        self._timeout_ms = timeout_ms
+
+    def transactional(
+        self,
+        topic: str,
+        *,
+        key: str | Callable[[Any], str | None] | None = None,
+        tags: str | None = None,
+        headers: dict[str, str] | None = None,
+        delay_s: float | None = None,
+        encode: Callable[[Any], bytes] = encode_body,
+    ) -> Callable[
+        [Callable[Concatenate[AsyncSession, P], Awaitable[R]]], Callable[P, Awaitable[R]]
+    ]:
+        def decorate(
+            fn: Callable[Concatenate[AsyncSession, P], Awaitable[R]],
+        ) -> Callable[P, Awaitable[R]]:
+            @functools.wraps(fn)
+            async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+                return await self._run(topic, fn, args, kwargs, key, tags, headers, delay_s, encode)
+
+            return run
+
+        return decorate
+
+    async def _run(
+        self,
+        topic: str,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str | Callable[[Any], str | None] | None,
+        tags: str | None,
+        headers: dict[str, str] | None,
+        delay_s: float | None,
+        encode: Callable[[Any], bytes],
+    ) -> R:
+        tx_id = new_id()
+        tx: Transaction | None = None
+        try:
+            async with self._sessions() as session, session.begin():
+                result = await fn(session, *args, **kwargs)
+                msg_key = key(result) if callable(key) else key
+                deliver_at = None
+                if delay_s is not None:
+                    deliver_at = time.time_ns() // 1_000_000 + int(delay_s * 1000)
+                tx = await self._client.prepare(
+                    topic,
+                    encode(result),
+                    producer_group=self.producer_group,
+                    check_url=self.check_url,
+                    tx_id=tx_id,
+                    key=msg_key,
+                    tags=tags,
+                    headers=headers,
+                    timeout_ms=self._timeout_ms,
+                    deliver_at_ms=deliver_at,
+                )
+                await record_commit(session, tx_id, topic, msg_key)
+            # The database committed: the message must follow.
+        except BaseException:
+            if tx is not None:  # prepared, but the database did not commit: discard it
+                try:
+                    await tx.rollback()
+                except TxbError as e:  # the back-check will find no barrier row: ROLLBACK
+                    log.warning(
+                        "rollback of %s not confirmed (%s); its back-check decides", tx_id, e
+                    )
+            raise
+        assert tx is not None  # the database committed, so the PREPARE succeeded
+        try:
+            await tx.commit()
+        except TxbError as e:  # committed locally: the back-check will find the row: COMMIT
+            log.warning("END_TX for %s not confirmed (%s); its back-check commits it", tx_id, e)
+        return result
