@@ -53,7 +53,7 @@ def test_broadcast_gives_everyone_everything(tmp_path: Path) -> None:
 def test_offsets_persist(tmp_path: Path) -> None:
     gc = GroupCoordinator(tmp_path)
     gc.commit("g", "t", 2, 17)
-    gc.save_if_dirty()
+    gc.snapshot.save()
     again = GroupCoordinator(tmp_path)
     again.load()
     assert again.committed("g", "t", 2) == 17 and again.committed("g", "t", 0) is None

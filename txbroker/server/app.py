@@ -25,6 +25,7 @@ from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
+from txbroker.snapshot import Snapshot
 from txbroker.store import MessageStore, StoreConfig
 from txbroker.tx.checker import BackChecker, CheckSettings
 from txbroker.tx.coordinator import TxCoordinator, TxSettings
@@ -178,14 +179,15 @@ class BrokerServer:
         while True:
             await asyncio.sleep(1)
             self.groups.expire_all()
-            for owner in (self.groups, self.scheduler, self.tx):
-                data = owner.take_snapshot() if owner is not None else None
-                if data is None or owner is None:
-                    continue
+            for snap in self._snapshots():
                 try:
-                    await asyncio.to_thread(owner.write_snapshot, data)
+                    await snap.save_async()
                 except OSError:
-                    log.exception("cannot persist %s; will retry", type(owner).__name__)
+                    log.exception("cannot persist %s; will retry", snap.path.name)
+
+    def _snapshots(self) -> list[Snapshot]:
+        owners = (self.groups, self.scheduler, self.tx)
+        return [o.snapshot for o in owners if o is not None]
 
     async def stop(self) -> None:
         """Stop accepting, answer what is in flight (bounded), flush and close the store."""
@@ -212,15 +214,11 @@ class BrokerServer:
                 c._transport.close()
         if self._server is not None:
             await self._server.wait_closed()
-        data = self.groups.take_snapshot()
-        if data is not None:
-            await asyncio.to_thread(self.groups.write_snapshot, data)
+        await self.groups.snapshot.save_async()
         if self.checker is not None:
             await self.checker.stop()
         if self.tx is not None:
-            data = self.tx.take_snapshot()
-            if data is not None:
-                await asyncio.to_thread(self.tx.write_snapshot, data)
+            await self.tx.snapshot.save_async()
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.store is not None:

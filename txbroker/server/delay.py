@@ -27,9 +27,9 @@ from typing import Final
 
 import msgspec
 
-from txbroker.atomicfile import write_atomic
 from txbroker.errors import InvalidArgument
 from txbroker.server.topics import TopicRegistry
+from txbroker.snapshot import Snapshot
 from txbroker.store import (
     PROP_INTERNAL_KEY,
     KeyKind,
@@ -83,7 +83,7 @@ class DelayScheduler:
         self._path = meta_dir / CURSORS_FILE
         self._on_delivered = on_delivered
         self._cursors: dict[int, int] = {}
-        self._dirty = False
+        self.snapshot = Snapshot(self._path, lambda: msgspec.json.encode(self._cursors))
         self._wake: dict[int, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.moved = 0
@@ -93,25 +93,6 @@ class DelayScheduler:
         self._topics.ensure_system(SCHEDULE_TOPIC, len(LEVELS_MS))
         if self._path.exists():
             self._cursors = msgspec.json.decode(self._path.read_bytes(), type=dict[int, int])
-
-    def take_snapshot(self) -> bytes | None:
-        """On the event loop: the cursors to persist, if changed (see GroupCoordinator)."""
-        if not self._dirty:
-            return None
-        self._dirty = False
-        return msgspec.json.encode(self._cursors)
-
-    def write_snapshot(self, data: bytes) -> None:
-        try:
-            write_atomic(self._path, data)
-        except BaseException:
-            self._dirty = True
-            raise
-
-    def save_if_dirty(self) -> None:
-        data = self.take_snapshot()
-        if data is not None:
-            self.write_snapshot(data)
 
     def start(self) -> None:
         self._wake = {i: asyncio.Event() for i in range(len(LEVELS_MS))}
@@ -124,9 +105,7 @@ class DelayScheduler:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        data = self.take_snapshot()
-        if data is not None:
-            await asyncio.to_thread(self.write_snapshot, data)
+        await self.snapshot.save_async()
 
     def pending(self) -> int:
         """Messages waiting in all levels (some are in-between copies of one message)."""
@@ -196,7 +175,7 @@ class DelayScheduler:
                     if durable is not None:
                         await durable
                     self._cursors[level] = last + 1
-                    self._dirty = True
+                    self.snapshot.mark()
                     for topic, queue_id in done:
                         if topic == SCHEDULE_TOPIC:
                             self.notify(queue_id)

@@ -22,9 +22,9 @@ from typing import Final
 
 import msgspec
 
-from txbroker.atomicfile import write_atomic
 from txbroker.errors import InvalidArgument, StaleGeneration
 from txbroker.names import validate_topic
+from txbroker.snapshot import Snapshot
 
 __all__ = ["ConsumeMode", "GroupCoordinator", "allocate_average"]
 
@@ -66,7 +66,9 @@ class GroupCoordinator:
         self._groups: dict[tuple[str, str], _Group] = {}
         # (group, topic) -> {queue_id: next offset to consume}
         self._offsets: dict[str, dict[str, dict[int, int]]] = {}
-        self._dirty = False
+        self.snapshot = Snapshot(
+            meta_dir / OFFSETS_FILE, lambda: msgspec.json.encode(self._offsets)
+        )
 
     # --- persistence ---
 
@@ -76,27 +78,6 @@ class GroupCoordinator:
         if path.exists():
             raw = msgspec.json.decode(path.read_bytes(), type=dict[str, dict[str, dict[int, int]]])
             self._offsets = raw
-
-    def take_snapshot(self) -> bytes | None:
-        """On the event loop: the offsets to persist, if changed (encoded here, so the write in
-        a worker thread never iterates a dict the loop is changing)."""
-        if not self._dirty:
-            return None
-        self._dirty = False
-        return msgspec.json.encode(self._offsets)
-
-    def write_snapshot(self, data: bytes) -> None:
-        """In a worker thread. On failure the next snapshot is due again."""
-        try:
-            write_atomic(self._dir / OFFSETS_FILE, data)
-        except BaseException:
-            self._dirty = True
-            raise
-
-    def save_if_dirty(self) -> None:
-        data = self.take_snapshot()
-        if data is not None:
-            self.write_snapshot(data)
 
     # --- membership ---
 
@@ -183,7 +164,7 @@ class GroupCoordinator:
         per_topic = self._offsets.setdefault(owner, {}).setdefault(topic, {})
         if per_topic.get(queue_id) != offset:
             per_topic[queue_id] = offset
-            self._dirty = True
+            self.snapshot.mark()
 
     def groups(self) -> list[tuple[str, str]]:
         """(owner, topic) pairs with committed offsets."""

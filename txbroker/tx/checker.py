@@ -236,7 +236,7 @@ class BackChecker:
         delay = min(s.backoff_base_ms * 2 ** min(max(tx.attempts - 1, 0), 30), s.backoff_cap_ms)
         tx.next_check_ms = _now_ms() + delay
         tx.last_reason = reason
-        self._coord.mark_dirty()
+        self._coord.snapshot.mark()
         self.schedule(tx)
 
     def _record(self, res: CheckResult) -> None:

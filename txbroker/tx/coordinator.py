@@ -30,7 +30,6 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from txbroker.atomicfile import write_atomic
 from txbroker.errors import (
     InvalidArgument,
     TooManyTransactions,
@@ -50,6 +49,7 @@ from txbroker.protocol.messages import (
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.producer import Producer
 from txbroker.server.topics import TopicRegistry
+from txbroker.snapshot import Snapshot
 from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
@@ -141,7 +141,7 @@ class TxCoordinator:
         self._on_visible = on_visible
         self.open: dict[str, Tx] = {}  # prepared and parked
         self._recent: OrderedDict[str, Tx] = OrderedDict()  # ended, newest last
-        self._dirty = False
+        self.snapshot = Snapshot(self._path, self._encode_state)
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
         self._cached_bytes = 0
@@ -233,7 +233,7 @@ class TxCoordinator:
         # Open (and in the next snapshot's low-water mark) before waiting for durability: a
         # snapshot taken meanwhile must not skip past this half record.
         self.open[tx_id] = tx
-        self._dirty = True
+        self.snapshot.mark()
         durable = self._store.durable()
         if durable is not None:
             tx.pending = durable
@@ -362,7 +362,7 @@ class TxCoordinator:
         self._forget(tx)
         self._remember(tx)
         self.counters[tx.state.value] += 1
-        self._dirty = True
+        self.snapshot.mark()
 
     async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
         # The decision record carries the key txend:<tx>. For a rollback it is an op record in
@@ -437,7 +437,7 @@ class TxCoordinator:
         transition(tx, TxState.PARKED)
         tx.last_reason = reason
         self._op(tx, "park", Resolver.CHECK, reason)
-        self._dirty = True
+        self.snapshot.mark()
 
     async def resume(self, tx_id: str) -> TxEndResponse:
         tx = self.open.get(tx_id)
@@ -449,7 +449,7 @@ class TxCoordinator:
         tx.next_check_ms = time.time_ns() // 1_000_000
         tx.last_reason = "resumed by an operator"
         self._op(tx, "resume", Resolver.OPERATOR, tx.last_reason)
-        self._dirty = True
+        self.snapshot.mark()
         durable = self._store.durable()
         if durable is not None:
             await durable
@@ -493,10 +493,7 @@ class TxCoordinator:
 
     # --- persistence and recovery ---
 
-    def take_snapshot(self) -> bytes | None:
-        if not self._dirty:
-            return None
-        self._dirty = False
+    def _encode_state(self) -> bytes:
         half_hi = self._store.queue_range(HALF_TOPIC, 0)[1]
         op_hi = self._store.queue_range(OP_TOPIC, 0)[1]
         saved = _Saved(
@@ -507,16 +504,6 @@ class TxCoordinator:
             },
         )
         return msgspec.json.encode(saved)
-
-    def write_snapshot(self, data: bytes) -> None:
-        try:
-            write_atomic(self._path, data)
-        except BaseException:
-            self._dirty = True
-            raise
-
-    def mark_dirty(self) -> None:
-        self._dirty = True
 
     async def recover(self) -> None:
         """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
@@ -578,7 +565,7 @@ class TxCoordinator:
             await durable
         if finished:
             log.warning("recovery made %d interrupted commits visible", finished)
-        self._dirty = True
+        self.snapshot.mark()
         log.info("transactions: %d open after recovery", len(self.open))
 
     async def _scan(self, topic: str, start: int) -> AsyncIterator[StoredMessage]:
