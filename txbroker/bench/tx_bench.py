@@ -11,7 +11,6 @@ answered COMMIT or ROLLBACK (duplicate).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import shutil
@@ -19,16 +18,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 from txbroker.bench.broker_bench import _pcts, _summary, broker_process, run_client
+from txbroker.httpserve import serving
 
 GROUP = "bench"
 SECRET = "bench-secret"
@@ -185,12 +183,6 @@ def bench_tx(
     return _summary(results)
 
 
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the bench owns its signals
-
-
 async def _with_check_server(
     url: str,
     transactions: int,
@@ -205,20 +197,10 @@ async def _with_check_server(
     service = _Service()
     endpoint = CheckbackEndpoint(service.check, {GROUP: SECRET})
     app = Starlette(routes=[Route("/check", endpoint, methods=["POST"])])
-    server = _QuietServer(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)  # uvicorn offers no started event
-        port = server.servers[0].sockets[0].getsockname()[1]
+    async with serving(app) as base:
         return await _run(
             url,
-            f"http://127.0.0.1:{port}",
+            base,
             service,
             transactions,
             producers,
@@ -228,9 +210,6 @@ async def _with_check_server(
             flush,
             connections,
         )
-    finally:
-        server.should_exit = True
-        await asyncio.gather(task, return_exceptions=True)
 
 
 __all__ = ["TxBenchResult", "bench_tx"]

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator
-
-import uvicorn
 
 from txbroker import __version__
+from txbroker.httpserve import HttpServer
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.server.config import ServerConfig
@@ -35,16 +32,6 @@ __all__ = ["BrokerServer", "serve"]
 log = logging.getLogger(__name__)
 
 
-class _AdminServer(uvicorn.Server):
-    """uvicorn, minus its signal handling: the broker owns SIGTERM/SIGINT and stops uvicorn
-    itself. (uvicorn would swap in its own handlers while serving and restore the defaults
-    when it stops, so a second signal during shutdown would kill the broker mid-flush.)"""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class BrokerServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -59,8 +46,7 @@ class BrokerServer:
         self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
-        self._http: uvicorn.Server | None = None
-        self._http_task: asyncio.Task[None] | None = None
+        self._http: HttpServer | None = None
         self.http_port = 0
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
@@ -161,18 +147,9 @@ class BrokerServer:
                 f"txb_longpoll_waiting {notifier.waiting}",
             ],
         )
-        self._http = _AdminServer(
-            uvicorn.Config(
-                app, host=cfg.host, port=cfg.http_port, log_level="warning", lifespan="off"
-            )
-        )
-        self._http_task = asyncio.create_task(self._http.serve(), name="txb-http")
-        while not self._http.started:  # bounded: uvicorn binds at once or its task fails
-            if self._http_task.done():
-                self._http_task.result()  # raises the bind error (port in use, ...)
-                raise RuntimeError("the HTTP admin server stopped before it started")
-            await asyncio.sleep(0.01)
-        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        self._http = HttpServer(app, cfg.host, cfg.http_port)
+        await self._http.start()
+        self.http_port = self._http.port
 
     async def _housekeep(self) -> None:
         """Expire silent group members and persist committed offsets, once a second."""
@@ -194,9 +171,8 @@ class BrokerServer:
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)
-        if self._http is not None and self._http_task is not None:
-            self._http.should_exit = True
-            await asyncio.gather(self._http_task, return_exceptions=True)
+        if self._http is not None:
+            await self._http.stop()
         if self._server is not None:
             self._server.close()
         if self.consumer is not None and self._notifier is not None:
