@@ -12,7 +12,7 @@ from typing import Final
 
 from txbroker.errors import InvalidName
 
-__all__ = ["MAX_NAME_BYTES", "SYSTEM_PREFIX", "is_system_topic", "validate_topic"]
+__all__ = ["MAX_NAME_BYTES", "SYSTEM_PREFIX", "validate_topic"]
 
 # 127 bytes: well inside every file system's 255-byte file-name limit (names become directory
 # names); RocketMQ uses the same bound for topic names.
@@ -49,7 +49,3 @@ def validate_topic(topic: str, *, allow_system: bool = True) -> str:
     if len(_valid_cache) < _VALID_CACHE_MAX:
         _valid_cache.add(topic)
     return topic
-
-
-def is_system_topic(topic: str) -> bool:
-    return topic.startswith(SYSTEM_PREFIX)

@@ -55,7 +55,6 @@ __all__ = [
     "decode_record",
     "encode_properties",
     "encode_record",
-    "record_size",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
@@ -176,10 +175,6 @@ class StoredMessage(msgspec.Struct, frozen=True, gc=False):
 
 
 # --- codec ----------------------------------------------------------------------------------
-
-
-def record_size(topic_bytes: bytes, props: bytes, body_len: int) -> int:
-    return HEADER.size + len(topic_bytes) + len(props) + body_len
 
 
 def encode_record(

@@ -445,12 +445,6 @@ class MessageStore:
         cq = self.queues.get((topic, queue_id))
         return (cq.min_offset, cq.max_offset) if cq else (0, 0)
 
-    def topics(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for topic, qid in sorted(self.queues):
-            out.setdefault(topic, []).append(qid)
-        return out
-
     async def lookup(
         self, kind: KeyKind, key: str, *, limit: int = 32, since_ms: int = 0
     ) -> list[StoredMessage]:

@@ -32,7 +32,6 @@ assert REQUEST.size == 13 and RESPONSE.size == 7
 
 OP_SYNC: Final = 1  # fdatasync the segment
 OP_FORGET: Final = 2  # close our descriptor (the segment is being deleted)
-OP_SYNC_PATH: Final = 3  # reserved
 
 
 def main(directory: str) -> int:

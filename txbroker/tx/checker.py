@@ -19,7 +19,6 @@ import contextlib
 import heapq
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -80,7 +79,6 @@ class BackChecker:
         self.latency_buckets = [0] * (len(BUCKETS) + 1)
         self.latency_sum = 0.0
         self.max_inflight = 0
-        self.on_check: Callable[[Tx, CheckResult], None] = lambda tx, res: None
 
     def schedule(self, tx: Tx) -> None:
         heapq.heappush(self._heap, (tx.next_check_ms, tx.tx_id))
@@ -195,7 +193,6 @@ class BackChecker:
                     self.settings.timeout_ms / 1000,
                 )
             self._record(res)
-            self.on_check(tx, res)
             await self._apply(tx, res)
         except asyncio.CancelledError:
             raise
