@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -188,15 +188,10 @@ def bench_produce(
     data_root: Path | None = None,
     progress: bool = True,
 ) -> dict[str, object]:
-    results = []
-    for i in range(runs):
-        if progress:
-            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
-        with broker_process(flush, data_root) as url:
-            results.append(
-                run_client(_produce(url, flush, messages, size, producers, batch, inflight))
-            )
-    return _summary(results)
+    def one(url: str) -> ProduceResult:
+        return run_client(_produce(url, flush, messages, size, producers, batch, inflight))
+
+    return repeat_against_broker(one, runs, flush, data_root, progress)
 
 
 @dataclass(frozen=True)
@@ -257,15 +252,28 @@ def bench_e2e(
     data_root: Path | None = None,
     progress: bool = True,
 ) -> dict[str, object]:
+    def one(url: str) -> E2EResult:
+        achieved, lat = run_client(_e2e(url, rate, seconds, size))
+        return E2EResult(flush, rate, int(rate * seconds), size, round(achieved), _pcts(lat))
+
+    return repeat_against_broker(one, runs, flush, data_root, progress)
+
+
+def repeat_against_broker(
+    one: Callable[[str], object],
+    runs: int,
+    flush: str,
+    data_root: Path | None,
+    progress: bool,
+    extra: tuple[str, ...] = (),
+) -> dict[str, object]:
+    """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians."""
     results = []
     for i in range(runs):
         if progress:
             print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
-        with broker_process(flush, data_root) as url:
-            achieved, lat = run_client(_e2e(url, rate, seconds, size))
-            results.append(
-                E2EResult(flush, rate, int(rate * seconds), size, round(achieved), _pcts(lat))
-            )
+        with broker_process(flush, data_root, extra) as url:
+            results.append(one(url))
     return _summary(results)
 
 

@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from txbroker.bench.broker_bench import _pcts, _summary, broker_process, run_client
+from txbroker.bench.broker_bench import _pcts, repeat_against_broker, run_client
 from txbroker.httpserve import serving
 
 GROUP = "bench"
@@ -157,17 +157,15 @@ def bench_tx(
     progress: bool = True,
     connections: int = 8,
 ) -> dict[str, object]:
-    results = []
-    for i in range(runs):
-        if progress:
-            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
-        cfg_dir = Path(tempfile.mkdtemp(prefix="txb-bench-tx-", dir=data_root))
-        try:
-            cfg = cfg_dir / "broker.toml"
-            cfg.write_text(SETTINGS)
-            extra = ("--config", str(cfg), "--tx-secret", f"{GROUP}={SECRET}")
-            with broker_process(flush, data_root, extra) as url:
-                run = _with_check_server(
+    cfg_dir = Path(tempfile.mkdtemp(prefix="txb-bench-tx-", dir=data_root))
+    try:
+        cfg = cfg_dir / "broker.toml"
+        cfg.write_text(SETTINGS)
+        extra = ("--config", str(cfg), "--tx-secret", f"{GROUP}={SECRET}")
+
+        def one(url: str) -> TxBenchResult:
+            return run_client(
+                _with_check_server(
                     url,
                     transactions,
                     producers,
@@ -177,10 +175,11 @@ def bench_tx(
                     flush,
                     connections,
                 )
-                results.append(run_client(run))
-        finally:
-            shutil.rmtree(cfg_dir, ignore_errors=True)
-    return _summary(results)
+            )
+
+        return repeat_against_broker(one, runs, flush, data_root, progress, extra)
+    finally:
+        shutil.rmtree(cfg_dir, ignore_errors=True)
 
 
 async def _with_check_server(
