@@ -15,6 +15,25 @@ import pytest
 from txbroker.store import FlushMode, MessageStore, StoreConfig
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(
+    *args: str,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``txbroker ARGS`` as a user would: a real process, its exit code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "txbroker.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
 
 
 def small_config(data_dir: Path, **overrides: object) -> StoreConfig:

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _txbroker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "txbroker.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.conftest import run_cli
 
 
 def test_bench_store_prints_json_figures(tmp_path: Path) -> None:
-    out = _txbroker(
+    out = run_cli(
         "bench",
         "store",
         "--messages",
@@ -45,7 +33,7 @@ def test_bench_store_prints_json_figures(tmp_path: Path) -> None:
 
 
 def test_bench_store_human_output(tmp_path: Path) -> None:
-    out = _txbroker(
+    out = run_cli(
         "bench",
         "store",
         "--messages",
@@ -62,7 +50,7 @@ def test_bench_store_human_output(tmp_path: Path) -> None:
 
 
 def test_bench_recovery_small(tmp_path: Path) -> None:
-    out = _txbroker("bench", "recovery", "--log-mib", "8", "--data-dir", str(tmp_path), "--json")
+    out = run_cli("bench", "recovery", "--log-mib", "8", "--data-dir", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["log_bytes"] >= 8 * 1024 * 1024
@@ -70,12 +58,12 @@ def test_bench_recovery_small(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    out = _txbroker("bench", "store", "--size", "-1")
+    out = run_cli("bench", "store", "--size", "-1")
     assert out.returncode == 2 and "must be >= 0" in out.stderr
 
 
 def test_bench_disk(tmp_path: Path) -> None:
-    out = _txbroker(
+    out = run_cli(
         "bench",
         "disk",
         "--batch",
@@ -95,7 +83,7 @@ def test_bench_disk(tmp_path: Path) -> None:
 
 
 def test_bench_produce_and_e2e_small(tmp_path: Path) -> None:
-    out = _txbroker(
+    out = run_cli(
         "bench",
         "produce",
         "--messages",
@@ -113,7 +101,7 @@ def test_bench_produce_and_e2e_small(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     med = json.loads(out.stdout)["median"]
     assert med["messages"] == 400 and med["msgs_per_s"] > 0 and med["ack_latency"]["p50_ms"] > 0
-    out = _txbroker(
+    out = run_cli(
         "bench",
         "e2e",
         "--rate",

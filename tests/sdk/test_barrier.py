@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from checkback import CheckRequest, CheckStatus
 from checkback.barrier import BarrierResolver, TransactionFenced, record_commit
 from sdk.tables import LOCAL_TX
+from tests.conftest import run_cli
 
 
 def _check(tx_id: str) -> CheckRequest:
@@ -64,27 +65,15 @@ async def test_a_check_racing_a_transaction_that_rolls_back(engine: AsyncEngine)
 
 def test_db_upgrade_cli_is_idempotent(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import sqlite3
-    import subprocess
-    import sys
 
     db = tmp_path / "svc.db"
     for _ in range(2):  # a second run finds everything up to date
-        out = subprocess.run(
-            [sys.executable, "-m", "txbroker.cli", "db", "upgrade", "--url", f"sqlite:///{db}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = run_cli("db", "upgrade", "--url", f"sqlite:///{db}", timeout=60)
         assert out.returncode == 0, out.stderr
     tables = {
         r[0]
         for r in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")
     }
     assert {"txb_local_tx", "txb_inbox", "txb_outbox", "txb_alembic_version"} <= tables
-    bad = subprocess.run(
-        [sys.executable, "-m", "txbroker.cli", "db", "upgrade", "--url", "mysql://x/y"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = run_cli("db", "upgrade", "--url", "mysql://x/y", timeout=60)
     assert bad.returncode == 2 and "unsupported database" in bad.stderr

@@ -5,31 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.conftest import BrokerProcess
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import BrokerProcess, run_cli
 
 
 def _cli(
     *args: str, stdin: str | None = None, env_server: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = None
-    if env_server is not None:
-        import os
-
-        env = {**os.environ, "TXB_SERVER": env_server}
-    return subprocess.run(
-        [sys.executable, "-m", "txbroker.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-        env=env,
-    )
+    return run_cli(*args, stdin=stdin, env={"TXB_SERVER": env_server} if env_server else None)
 
 
 def _lines(out: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:

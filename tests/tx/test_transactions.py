@@ -10,7 +10,7 @@ import pytest
 
 from checkback import CheckStatus
 from sdk import Client, Consumer
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, run_cli
 from tests.tx.conftest import GROUP, CheckServer, tx_broker
 from txbroker.errors import InvalidArgument, InvalidName, TransactionConflict, TransactionNotFound
 
@@ -282,15 +282,9 @@ async def test_http_admin_lists_and_resolves(broker: BrokerProcess, checks: Chec
 def test_tx_cli(broker: BrokerProcess, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
     import subprocess
-    import sys
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "txbroker.cli", *args, "--server", broker.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_cli(*args, "--server", broker.url, timeout=60)
 
     assert cli("topic", "create", "cli-tx").returncode == 0
     out = cli(
