@@ -267,27 +267,18 @@ class TxCoordinator:
                 f"transaction {tx_id} is {tx.state.value} (by {tx.resolved_by}); "
                 f"{decision.value} refused"
             )
+        if decision is Decision.COMMIT and tx.half is None:
+            # Not cached (large, or over the cache budget): read the half back first, then
+            # decide again, since another resolution may have run while we read.
+            stored = await self._store.read(tx.half_phys)
+            tx.half = (stored.body, stored.properties, stored.born_timestamp_ms)
+            self._cached_bytes += len(stored.body)
+            return await self.end(tx_id, decision, by, reason)
         before = tx.state
         transition(tx, decision.state)  # guarded, synchronous: a racing END_TX sees it at once
         tx.resolved_by = by.value
         tx.last_reason = reason
-        if decision is Decision.ROLLBACK or tx.half is not None:
-            return await self._end_fast(tx, decision, by, reason, before)
-        # The resolution runs as its own task: a client that disconnects mid-way cancels its
-        # request, not the writes already handed to the log.
-        work = asyncio.ensure_future(self._write_resolution(tx, decision, by, reason))
-        tx.pending = work
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            transition_back(tx, before)  # nothing durable: the transaction is as it was
-            raise
-        finally:
-            if work.done():
-                tx.pending = None
-        return TxEndResponse(tx_id, tx.state.value, tx.resolved_by)
+        return await self._resolve(tx, decision, by, reason, before)
 
     async def _end_unknown(self, tx_id: str, decision: Decision) -> TxEndResponse:
         found = await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1)
@@ -300,12 +291,12 @@ class TxCoordinator:
             return TxEndResponse(tx_id, decision.state.value, by, duplicate=True)
         raise TransactionConflict(f"transaction {tx_id} ended with {ended}")
 
-    async def _end_fast(
+    async def _resolve(
         self, tx: Tx, decision: Decision, by: Resolver, reason: str, before: TxState
     ) -> TxEndResponse:
-        """The common case, with nothing to read back: append the decision record now
-        (synchronously), then wait for its group commit. Bookkeeping hangs on the group commit
-        itself, so a client that disconnects mid-way cancels only its wait, not the outcome."""
+        """Append the decision record now (synchronously), then wait for its group commit.
+        Bookkeeping hangs on the group commit itself, so a client that disconnects mid-way
+        cancels only its wait, not the outcome."""
         try:
             target = self._append_decision_now(tx, decision, by, reason)
         except BaseException:
@@ -363,35 +354,6 @@ class TxCoordinator:
         self._remember(tx)
         self.counters[tx.state.value] += 1
         self.snapshot.mark()
-
-    async def _write_resolution(self, tx: Tx, decision: Decision, by: Resolver, why: str) -> None:
-        # The decision record carries the key txend:<tx>. For a rollback it is an op record in
-        # %TXOP; for a commit it is the visible copy itself (one record, so a commit can never
-        # be half written). No index look-ups here: an open transaction in memory has, by
-        # construction, no decision record yet (recovery handles the rest).
-        end_key = f"txend:{tx.tx_id}"
-        target: tuple[str, int] | None = None
-        if decision is Decision.COMMIT:
-            target = await self._append_visible(
-                tx.tx_id, tx.half_phys, check_existing=False, half=tx.half, by=by
-            )
-        else:
-            op = {
-                PROP_TX: tx.tx_id,
-                PROP_OP: decision.value,
-                PROP_HALF_PHYS: str(tx.half_phys),
-                PROP_BY: by.value,
-                PROP_REASON: why[:500],
-                PROP_INTERNAL_KEY: end_key,
-            }
-            self._store.append_nowait(Message(OP_TOPIC, b"", 0, op, _TX_OP))
-        durable = self._store.durable()
-        if durable is not None:
-            await durable
-        tx.pending = None
-        self._finish(tx)
-        if target is not None:
-            self._on_visible(*target)
 
     async def _append_visible(
         self,
