@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from sdk import faults
 from sdk.client import Client
 from sdk.consumer import ConsumedMessage, Consumer
 from sdk.tables import INBOX
@@ -102,6 +103,7 @@ class Subscribers:
             except TxbError:
                 log.exception("nack of %s failed; it will be redelivered", msg.msg.message_id)
             return
+        faults.point("after_inbox_commit")
         if ran:
             self.applied += 1
         else:

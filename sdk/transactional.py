@@ -28,6 +28,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from checkback.barrier import record_commit
+from sdk import faults
 from sdk.client import Client, Transaction
 from txbroker.errors import TxbError
 from txbroker.ids import new_id
@@ -123,7 +124,9 @@ class TxPublisher:
                     deliver_at_ms=deliver_at,
                 )
                 await record_commit(session, tx_id, topic, msg_key)
+                faults.point("before_db_commit")
             # The database committed: the message must follow.
+            faults.point("after_db_commit")
         except BaseException:
             if tx is not None:  # prepared, but the database did not commit: discard it
                 try:

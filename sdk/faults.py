@@ -1,0 +1,84 @@
+"""Crash points: kill this process at a named point of the SDK, for crash tests and the demo.
+
+The guarantees the SDK gives are about processes dying at the worst moment, so the tests and
+``txbroker demo`` need to make them die exactly there, with a real ``SIGKILL`` (no ``finally``,
+no atexit, no flush). Each window the SDK cares about calls :func:`point` with its name; the
+call does nothing unless the environment arms that point:
+
+    TXB_FAULTS="after_db_commit=0.02"            # die at 2 % of the passes
+    TXB_FAULTS="relay_after_send=@3"             # die at the 3rd pass
+    TXB_FAULTS="before_db_commit=@1,after_ack=0" # several points, comma-separated
+
+Points: ``before_db_commit`` and ``after_db_commit`` (@transactional), ``after_inbox_commit``
+(@subscriber: committed, not acknowledged), ``relay_after_send`` (outbox relay: published, not
+marked). Unarmed, a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from typing import Final
+
+from txbroker.errors import InvalidArgument
+
+__all__ = ["POINTS", "arm", "point"]
+
+POINTS: Final = frozenset(
+    {"before_db_commit", "after_db_commit", "after_inbox_commit", "relay_after_send"}
+)
+
+
+class _Fault:
+    __slots__ = ("at", "passes", "probability")
+
+    def __init__(self, probability: float = 0.0, at: int = 0) -> None:
+        self.probability = probability
+        self.at = at  # die at this pass (1-based); 0: use the probability
+        self.passes = 0
+
+
+_armed: dict[str, _Fault] = {}
+
+
+def arm(spec: str) -> None:
+    """Arm points from a ``TXB_FAULTS``-style spec (replacing what was armed)."""
+    armed: dict[str, _Fault] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, value = part.partition("=")
+        if name not in POINTS or not sep:
+            raise InvalidArgument(
+                f"bad fault {part!r}: expected name=probability or name=@n, "
+                f"name one of {', '.join(sorted(POINTS))}"
+            )
+        try:
+            if value.startswith("@"):
+                fault = _Fault(at=int(value[1:]))
+                if fault.at < 1:
+                    raise ValueError
+            else:
+                fault = _Fault(probability=float(value))
+                if not 0.0 <= fault.probability <= 1.0:
+                    raise ValueError
+        except ValueError:
+            raise InvalidArgument(
+                f"bad fault {part!r}: the value is a probability in [0, 1] or @n with n >= 1"
+            ) from None
+        armed[name] = fault
+    _armed.clear()
+    _armed.update(armed)
+
+
+def point(name: str) -> None:
+    """Die here, by SIGKILL, if this point is armed and its turn has come."""
+    fault = _armed.get(name)
+    if fault is None:
+        return
+    fault.passes += 1
+    hit = fault.passes == fault.at if fault.at else random.random() < fault.probability
+    if hit:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+arm(os.environ.get("TXB_FAULTS", ""))
