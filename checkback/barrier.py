@@ -14,17 +14,22 @@ the uncommitted key; SQLite on the write lock), so the answer always matches the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy import Executable, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from checkback.contract import CheckRequest, CheckStatus
+from checkback.endpoint import CheckbackEndpoint
 from sdk.tables import LOCAL_TX
 from txbroker.errors import TxbError
 
-__all__ = ["BarrierResolver", "TransactionFenced", "record_commit"]
+__all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
 
 COMMITTED = "committed"
 ROLLED_BACK = "rolled_back"
@@ -80,3 +85,18 @@ class BarrierResolver:
                 select(LOCAL_TX.c.state).where(LOCAL_TX.c.tx_id == check.tx_id)
             )
         return CheckStatus.COMMIT if state == COMMITTED else CheckStatus.ROLLBACK
+
+
+def mount(
+    app: Starlette, engine: AsyncEngine, secrets: Mapping[str, str], path: str = "/txb/check"
+) -> str:
+    """Answer the broker's check-backs at ``path`` of ``app`` (Starlette or FastAPI) from the
+    barrier table in ``engine``'s database; returns ``path`` (register it as the check URL).
+
+        mount(app, engine, {"orders-svc": os.environ["TXB_CHECK_SECRET"]})
+    """
+    endpoint = CheckbackEndpoint(BarrierResolver(engine), secrets)
+    # A Route, not a Mount: a Mount answers the bare path with a redirect to "path/", and the
+    # broker does not follow redirects (a check must reach the service that signed up for it).
+    app.router.routes.append(Route(path, endpoint, methods=["POST"]))
+    return path

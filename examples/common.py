@@ -1,0 +1,89 @@
+"""What the example services share: their command line, signals, and a counters file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from sdk import Client
+from sdk.database import create_engine
+from sdk.subscriber import Subscribers
+from txbroker.atomicfile import write_atomic
+
+__all__ = ["StatsFile", "run_subscriber_service", "service_parser", "stop_event"]
+
+Register = Callable[[Subscribers], None]
+
+
+def service_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--db", required=True, help="the service's database URL (sqlite:// or postgresql://)"
+    )
+    p.add_argument("--broker", default="txb://127.0.0.1:9876", help="the broker's address")
+    p.add_argument("--stats", help="write the service's counters (JSON) into this directory")
+    return p
+
+
+def stop_event() -> asyncio.Event:
+    """Set on SIGTERM or SIGINT: the service then finishes what it has in flight and exits."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+class StatsFile:
+    """Counters written atomically every half second and at exit, for the demo's summary. A
+    process killed by SIGKILL loses at most its last half second of counts."""
+
+    def __init__(self, folder: str | None, name: str, read: Callable[[], dict[str, int]]) -> None:
+        # One file per process: a restarted service's counts add to its killed predecessor's.
+        self._path = Path(folder) / f"{name}-{os.getpid()}.json" if folder else None
+        self._read = read
+
+    def write(self) -> None:
+        if self._path is not None:
+            write_atomic(self._path, json.dumps(self._read()).encode())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.write()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        self.write()
+
+
+async def run_subscriber_service(
+    name: str, args: argparse.Namespace, metadata: sa.MetaData, register: Register
+) -> int:
+    """Create the service's tables, register its handlers, consume until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(message)s")
+    engine = create_engine(args.db)
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    stop = stop_event()
+    async with Client(args.broker) as client:
+        subscribers = Subscribers(client, async_sessionmaker(engine))
+        register(subscribers)
+        counters = lambda: {  # noqa: E731
+            "applied": subscribers.applied,
+            "skipped": subscribers.skipped,
+            "failed": subscribers.failed,
+        }
+        stats = StatsFile(args.stats, name, counters)
+        print(f"ready {name}", flush=True)
+        await asyncio.gather(subscribers.run(stop), stats.run(stop))
+    await engine.dispose()
+    return 0

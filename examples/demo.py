@@ -1,0 +1,310 @@
+"""``txbroker demo``: the whole guarantee, holding while processes crash.
+
+Starts a broker on embedded storage and the three example services (SQLite files by default,
+one throwaway PostgreSQL database with ``--database-url``), places a few thousand orders
+through the orders service's HTTP API while faults are injected, waits for everything to
+settle, and prints what every database and the broker hold. Faults, each a real SIGKILL at
+the worst moment (see ``sdk/faults.py``), with the supervisor restarting the victim:
+
+* the orders service dies between its database commit and END_TX (the back-check commits);
+* billing and inventory die between their inbox commit and the ack (the redelivery is skipped);
+* the outbox relay dies between a send and marking the row (the resend is deduplicated);
+* billing's handler fails after its insert on a few percent of messages (rolled back, retried).
+
+Exit status 0 only if the anomaly count is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from examples.driver import drive
+from examples.report import Snapshot, format_report, read_stats, take_snapshot
+from examples.supervisor import DemoFailed, Process, Supervisor
+from sdk import Client
+from sdk.database import create_engine
+from txbroker.db import upgrade
+
+__all__ = ["DemoOptions", "run_demo"]
+
+SECRET = "demo-secret"
+# Quick back-checks, so a transaction whose END_TX died with its service is settled in
+# seconds rather than the production defaults' minute; fast retries for failed handlers.
+BROKER_SETTINGS = """
+tx_timeout_ms = 2000
+check_backoff_base_ms = 300
+check_backoff_cap_ms = 1500
+max_checks = 100
+retry_delays_ms = [200, 400, 800, 1600, 3200]
+max_reconsume = 16
+"""
+
+
+@dataclass
+class DemoOptions:
+    orders: int = 2000
+    database_url: str | None = None
+    faults: bool = True
+    kills: int = 2  # per killable service
+    fail_rate: float = 0.05
+    concurrency: int = 8
+    settle_timeout_s: float = 180.0
+    work_dir: Path | None = None
+    keep: bool = False
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nth(lo: int, hi: int, point: str) -> Callable[[], str]:
+    """A fault at a random pass in [lo, hi] of ``point``, drawn anew for each start."""
+    return lambda: f"{point}=@{random.randint(lo, hi)}"
+
+
+@asynccontextmanager
+async def _databases(opts: DemoOptions, work: Path) -> AsyncIterator[dict[str, str]]:
+    """A database URL per service: SQLite files in ``work``, or one fresh PostgreSQL database
+    (dropped afterwards unless --keep) so earlier runs never count."""
+    if opts.database_url is None:
+        yield {
+            name: f"sqlite:///{work / (name + '.db')}"
+            for name in ("orders", "billing", "inventory")
+        }
+        return
+    import asyncpg
+
+    base, _, _ = opts.database_url.rpartition("/")
+    name = f"txb_demo_{uuid.uuid4().hex[:10]}"
+    admin = opts.database_url.replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(admin.replace("postgresql://", "postgres://", 1))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')  # name is ours: hex only
+    finally:
+        await conn.close()
+    say(f"  PostgreSQL database {name} created")
+    url = f"{base}/{name}"
+    try:
+        yield {"orders": url, "billing": url, "inventory": url}
+    finally:
+        if not opts.keep:
+            conn = await asyncpg.connect(admin.replace("postgresql://", "postgres://", 1))
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+
+async def run_demo(opts: DemoOptions) -> int:
+    work = opts.work_dir or Path(tempfile.mkdtemp(prefix="txb-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(exist_ok=True)
+    stats_dir = work / "stats"
+    stats_dir.mkdir(exist_ok=True)
+    sup = Supervisor(work / "logs")
+    try:
+        async with _databases(opts, work) as dbs:
+            return await _run(opts, work, dbs, sup, stats_dir)
+    except DemoFailed as e:
+        say(f"\ndemo failed: {e}")
+        return 2
+    finally:
+        await sup.stop_all()
+        if opts.keep or opts.work_dir is not None:
+            say(f"  logs and data kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _run(
+    opts: DemoOptions, work: Path, dbs: dict[str, str], sup: Supervisor, stats_dir: Path
+) -> int:
+    say("txbroker demo: orders -> (transactional message) -> billing, (outbox) -> inventory")
+    say(f"[1/5] broker on embedded storage in {work / 'broker'}")
+    (work / "broker.toml").write_text(BROKER_SETTINGS)
+    broker = await sup.start(
+        Process(
+            "broker",
+            [
+                "txbroker.cli",
+                "serve",
+                "--data-dir",
+                str(work / "broker"),
+                "--port",
+                "0",
+                "--http-port",
+                "0",
+                "--segment-mib",
+                "64",
+                "--config",
+                str(work / "broker.toml"),
+                "--tx-secret",
+                f"orders-svc={SECRET}",
+            ],
+            ready="txbroker ready",
+        )
+    )
+    tcp = broker.ready_line.split("tcp=")[1].split()[0]
+    http_base = "http://" + broker.ready_line.split("http=")[1].split()[0]
+    broker_url = f"txb://{tcp}"
+    async with Client(broker_url) as client:
+        await client.create_topic("orders", queues=4)
+        await client.create_topic("inventory", queues=4)
+
+    where = "SQLite files" if opts.database_url is None else "PostgreSQL"
+    say(f"[2/5] service databases ({where}), migrated with `txbroker db upgrade`")
+    for url in dict.fromkeys(dbs.values()):
+        await asyncio.to_thread(upgrade, url)
+
+    kills = opts.kills if opts.faults else 0
+    port = _free_port()
+    say(f"[3/5] services: orders (HTTP :{port}), billing, inventory, outbox relay")
+    stats = ["--stats", str(stats_dir)]
+    orders = await sup.start(
+        Process(
+            "orders",
+            [
+                "examples.orders",
+                "--db",
+                dbs["orders"],
+                "--broker",
+                broker_url,
+                "--port",
+                str(port),
+                "--secret",
+                SECRET,
+                *stats,
+            ],
+            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_db_commit"),
+            kill_budget=kills,
+        )
+    )
+    relay = await sup.start(
+        Process(
+            "relay",
+            [
+                "txbroker.cli",
+                "outbox",
+                "relay",
+                "--url",
+                dbs["orders"],
+                "--server",
+                broker_url,
+                "--namespace",
+                "orders",
+            ],
+            ready=None,
+            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "relay_after_send"),
+            kill_budget=kills,
+        )
+    )
+    billing = await sup.start(
+        Process(
+            "billing",
+            [
+                "examples.billing",
+                "--db",
+                dbs["billing"],
+                "--broker",
+                broker_url,
+                "--fail-rate",
+                str(opts.fail_rate if opts.faults else 0.0),
+                *stats,
+            ],
+            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_inbox_commit"),
+            kill_budget=kills,
+        )
+    )
+    inventory = await sup.start(
+        Process(
+            "inventory",
+            ["examples.inventory", "--db", dbs["inventory"], "--broker", broker_url, *stats],
+            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_inbox_commit"),
+            kill_budget=kills,
+        )
+    )
+    victims = [orders, relay, billing, inventory]
+
+    def status() -> str:
+        return "crashes: " + " ".join(f"{p.name} {p.kills}" for p in victims)
+
+    say(
+        f"[4/5] placing {opts.orders:,} orders, {opts.concurrency} at a time"
+        + (", with crashes injected" if opts.faults else "")
+    )
+    drive_task = asyncio.create_task(
+        drive(f"http://127.0.0.1:{port}", opts.orders, concurrency=opts.concurrency, status=status)
+    )
+    failed = asyncio.create_task(sup.failed.wait())
+    await asyncio.wait([drive_task, failed], return_when=asyncio.FIRST_COMPLETED)
+    if sup.failure is not None:
+        drive_task.cancel()
+        raise sup.failure
+    failed.cancel()
+    driven = drive_task.result()
+    say(
+        f"      {len(driven.placed):,} placed in {driven.elapsed_s:.1f} s "
+        f"({len(driven.placed) / driven.elapsed_s:.0f} orders/s), {status()}"
+    )
+
+    say("[5/5] waiting for every message to be applied ...")
+    engines = {name: create_engine(url) for name, url in dbs.items()}
+    try:
+        snap = await _settle(opts, engines, http_base, sup)
+    finally:
+        for e in engines.values():
+            await e.dispose()
+    await sup.stop_all()  # graceful: the services write their final counters
+    table, anomalies = format_report(
+        snap, driven, read_stats(stats_dir), {p.name: p.kills for p in victims}
+    )
+    say("\n" + table)
+    say("\nall guarantees held" if anomalies == 0 else f"\n{anomalies} ANOMALIES: see above")
+    return 0 if anomalies == 0 else 1
+
+
+async def _settle(
+    opts: DemoOptions, engines: dict[str, AsyncEngine], http_base: str, sup: Supervisor
+) -> Snapshot:
+    deadline = time.monotonic() + opts.settle_timeout_s
+    start = time.monotonic()
+    while True:
+        snap = await take_snapshot(
+            engines["orders"],
+            engines["billing"],
+            engines["inventory"],
+            http_base,
+        )
+        if snap.settled():
+            say(f"      settled in {time.monotonic() - start:.1f} s")
+            return snap
+        if sup.failure is not None:
+            raise sup.failure
+        if time.monotonic() > deadline:
+            say(f"      not settled after {opts.settle_timeout_s:.0f} s: reporting as is")
+            return snap
+        sys.stderr.write(
+            f"\r      open transactions {snap.pending_tx}, unpublished outbox rows "
+            f"{snap.unpublished}, payments {len(snap.payments):,}/{len(snap.orders):,}, "
+            f"reservations {len(snap.reservations):,}/{len(snap.orders):,}   "
+        )
+        await asyncio.sleep(0.5)  # polling other processes' databases: there is no event
