@@ -286,7 +286,7 @@ async def _settle(
     opts: DemoOptions, engines: dict[str, AsyncEngine], http_base: str, sup: Supervisor
 ) -> Snapshot:
     deadline = time.monotonic() + opts.settle_timeout_s
-    start = time.monotonic()
+    start = next_line = time.monotonic()
     while True:
         snap = await take_snapshot(
             engines["orders"],
@@ -295,6 +295,8 @@ async def _settle(
             http_base,
         )
         if snap.settled():
+            if sys.stderr.isatty():
+                sys.stderr.write("\n")
             say(f"      settled in {time.monotonic() - start:.1f} s")
             return snap
         if sup.failure is not None:
@@ -302,9 +304,15 @@ async def _settle(
         if time.monotonic() > deadline:
             say(f"      not settled after {opts.settle_timeout_s:.0f} s: reporting as is")
             return snap
-        sys.stderr.write(
-            f"\r      open transactions {snap.pending_tx}, unpublished outbox rows "
+        line = (
+            f"      open transactions {snap.pending_tx}, unpublished outbox rows "
             f"{snap.unpublished}, payments {len(snap.payments):,}/{len(snap.orders):,}, "
-            f"reservations {len(snap.reservations):,}/{len(snap.orders):,}   "
+            f"reservations {len(snap.reservations):,}/{len(snap.orders):,}"
         )
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r{line}\x1b[K")
+        elif time.monotonic() >= next_line:  # a line every 5 s in logs
+            sys.stderr.write(line + "\n")
+            next_line = time.monotonic() + 5
+        sys.stderr.flush()
         await asyncio.sleep(0.5)  # polling other processes' databases: there is no event

@@ -15,7 +15,13 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from txbroker.errors import InvalidArgument, ProtocolError, TxbError, error_class
+from txbroker.errors import (
+    InvalidArgument,
+    ProtocolError,
+    TopicExists,
+    TxbError,
+    error_class,
+)
 from txbroker.ids import new_id
 from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
@@ -257,8 +263,16 @@ class Client:
     async def ping(self) -> None:
         await self.request(Opcode.PING, Empty())
 
-    async def create_topic(self, topic: str, queues: int = 4) -> TopicInfo:
-        info: TopicInfo = await self.request(Opcode.TOPIC_CREATE, TopicCreate(topic, queues))
+    async def create_topic(
+        self, topic: str, queues: int = 4, *, exist_ok: bool = False
+    ) -> TopicInfo:
+        """Create ``topic``; with ``exist_ok`` an existing topic is fine (and described)."""
+        try:
+            info: TopicInfo = await self.request(Opcode.TOPIC_CREATE, TopicCreate(topic, queues))
+        except TopicExists:
+            if not exist_ok:
+                raise
+            return await self.describe_topic(topic)
         return info
 
     async def delete_topic(self, topic: str) -> None:
