@@ -22,7 +22,6 @@ import sys
 from typing import Any
 
 import sqlalchemy as sa
-from sdk.outbox import add as outbox_add
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
@@ -34,6 +33,7 @@ from checkback.barrier import TransactionFenced, mount
 from examples.common import StatsFile, service_parser, stop_event
 from sdk import Client
 from sdk.database import create_engine
+from sdk.outbox import add as outbox_add
 from sdk.transactional import TxPublisher
 from txbroker.errors import TxbError
 from txbroker.httpserve import HttpServer
