@@ -44,7 +44,9 @@ def read_metrics(http_base: str) -> dict[str, float]:
 @dataclass
 class Snapshot:
     orders: set[str] = field(default_factory=set)
-    barrier: dict[str, str] = field(default_factory=dict)  # order id -> committed|rolled_back
+    # Order ids with a committed barrier row. (An order may also have rolled-back rows: an
+    # attempt whose service died before its commit, which the client then retried.)
+    committed: set[str] = field(default_factory=set)
     unpublished: int = 0
     outbox_rows: int = 0
     payments: Counter[str] = field(default_factory=Counter)
@@ -78,10 +80,15 @@ async def take_snapshot(
     s = Snapshot()
     async with orders_db.connect() as c:
         s.orders = set((await c.scalars(sa.select(ORDERS.c.id))).all())
-        rows = await c.execute(
-            sa.select(LOCAL_TX.c.key, LOCAL_TX.c.state).where(LOCAL_TX.c.topic == "orders")
+        s.committed = set(
+            (
+                await c.scalars(
+                    sa.select(LOCAL_TX.c.key).where(
+                        LOCAL_TX.c.topic == "orders", LOCAL_TX.c.state == "committed"
+                    )
+                )
+            ).all()
         )
-        s.barrier = {k: st for k, st in rows if k is not None}
         s.unpublished = int(
             await c.scalar(
                 sa.select(sa.func.count())
@@ -111,7 +118,7 @@ def read_stats(folder: Path) -> dict[str, Counter[str]]:
 
 
 def anomalies(s: Snapshot, driven: Outcome) -> list[tuple[str, int]]:
-    committed = {k for k, st in s.barrier.items() if st == "committed"}
+    committed = s.committed
     return [
         ("placed orders missing from the database", len(driven.placed - s.orders)),
         ("declined orders found in the database", len(driven.declined & s.orders)),
