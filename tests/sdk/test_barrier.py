@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from checkback import CheckRequest, CheckStatus
@@ -77,3 +77,36 @@ def test_db_upgrade_cli_is_idempotent(tmp_path) -> None:  # type: ignore[no-unty
     assert {"txb_local_tx", "txb_inbox", "txb_outbox", "txb_alembic_version"} <= tables
     bad = run_cli("db", "upgrade", "--url", "mysql://x/y", timeout=60)
     assert bad.returncode == 2 and "unsupported database" in bad.stderr
+
+
+async def test_mounted_endpoint_refuses_forged_and_stale_checks_and_writes_nothing(
+    engine: AsyncEngine,
+) -> None:
+    """Crash window (8): only a correctly signed, fresh check may write the barrier."""
+    import time
+
+    import httpx
+    import msgspec
+    from starlette.applications import Starlette
+
+    from checkback import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign
+    from checkback.barrier import mount
+    from tests.httpserver import serve_app
+
+    app = Starlette()
+    path = mount(app, engine, {"orders": "s3cret"})
+    body = msgspec.json.encode(_check("t5"))
+    now = int(time.time() * 1000)
+    stale = now - 10 * 60 * 1000
+
+    def headers(secret: str, ts: int) -> dict[str, str]:
+        return {HEADER_TIMESTAMP: str(ts), HEADER_SIGNATURE: sign(secret, ts, body)}
+
+    async with serve_app(app) as base, httpx.AsyncClient(base_url=base) as http:
+        for bad in (headers("forged", now), headers("s3cret", stale), {}):
+            assert (await http.post(path, content=body, headers=bad)).status_code == 401
+        async with engine.connect() as conn:
+            rows = await conn.scalar(select(func.count()).select_from(LOCAL_TX))
+        assert rows == 0  # nothing resolved: no rolled_back row was recorded
+        good = await http.post(path, content=body, headers=headers("s3cret", now))
+        assert good.status_code == 200 and good.json() == {"status": "ROLLBACK"}
