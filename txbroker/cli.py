@@ -229,6 +229,34 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _outbox_relay(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from txbroker.cli_outbox import relay_main
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    url = args.url or os.environ.get("TXB_DATABASE_URL")
+    if not url:
+        raise InvalidArgument("give --url (or TXB_DATABASE_URL), e.g. postgresql://user@host/db")
+    if not args.poll_interval > 0:
+        raise InvalidArgument(f"--poll-interval must be positive, got {args.poll_interval}")
+    _run(
+        relay_main(
+            url,
+            args.server or os.environ.get("TXB_SERVER") or "txb://127.0.0.1:9876",
+            namespace=args.namespace,
+            batch_size=args.batch,
+            ordered=not args.unordered,
+            poll_interval_s=args.poll_interval,
+            auth_token=args.auth_token or os.environ.get("TXB_AUTH_TOKEN"),
+        )
+    )
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
     from txbroker.bench.recovery_bench import bench_recovery
@@ -291,6 +319,24 @@ def build_parser() -> argparse.ArgumentParser:
     up = dsub.add_parser("upgrade", help="create or upgrade the txbroker tables")
     up.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
     up.set_defaults(func=_db_upgrade)
+
+    ob = sub.add_parser("outbox", help="the transactional outbox of a service's database")
+    osub = ob.add_subparsers(dest="outbox_command", required=True)
+    rl = osub.add_parser("relay", help="publish the outbox's rows until SIGINT/SIGTERM")
+    rl.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
+    rl.add_argument("--server", help="broker address txb://host:port (TXB_SERVER)")
+    rl.add_argument(
+        "--namespace",
+        required=True,
+        help="names this database in idempotency keys (one per service database)",
+    )
+    rl.add_argument("--batch", type=_positive, default=100, help="rows per round (max 1000)")
+    rl.add_argument("--unordered", action="store_true", help="do not keep per-key order")
+    rl.add_argument(
+        "--poll-interval", type=float, default=1.0, help="seconds between polls (default 1)"
+    )
+    rl.add_argument("--auth-token", help="the broker's auth token (TXB_AUTH_TOKEN)")
+    rl.set_defaults(func=_outbox_relay)
 
     from txbroker.cli_client import register
 

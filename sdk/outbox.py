@@ -1,0 +1,349 @@
+"""The transactional outbox: write a message in the business transaction; a relay publishes it.
+
+    async with sessions() as session, session.begin():
+        await session.execute(orders.insert().values(id="o-42"))
+        await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
+
+    relay = Relay(client, engine, namespace="orders-db")
+    await relay.run(stop)  # until the stop event is set
+
+The relay claims unpublished rows in id order, sends each with the idempotency key
+``outbox:<namespace>:<id>``, marks it published and commits. Several relays may run: on
+PostgreSQL the claim locks its rows (``FOR UPDATE SKIP LOCKED``), on SQLite it holds the
+database's write lock, so a row is in one relay's hands at a time. A relay that dies between a
+send and its mark sends the row again and the broker answers with the original receipt
+(``duplicate``), so no second copy is stored, as long as the resend comes within the broker's
+``dedup_window_ms`` (24 h by default): a row left unmarked longer than that is stored twice.
+
+With ``ordered`` (the default) rows of one key are published in id order, also across relays: a
+row waits while an earlier unpublished row of its key is outside this relay's batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Row, Select, func, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from sdk import faults
+from sdk.client import Client
+from sdk.tables import OUTBOX
+from sdk.transactional import encode_body
+from txbroker.errors import InvalidArgument, TxbError
+from txbroker.names import validate_topic
+
+__all__ = ["CHANNEL", "Relay", "add"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL: Final = "txb_outbox"  # PostgreSQL NOTIFY channel: a committed add wakes the relays
+MAX_BATCH: Final = 1000  # ids go into IN (...) lists: keep them well under bind-parameter limits
+BACKOFF_MIN_S: Final = 0.1
+BACKOFF_MAX_S: Final = 5.0
+# A row held back behind another relay's batch is looked at again this soon: that relay
+# commits within one batch's round trips, and it does not notify anyone when it does.
+HELD_RETRY_S: Final = 0.05
+# The relay holds SQLite's write lock while it publishes a batch; others wait this long for it.
+_SQLITE_BUSY: Final = text("PRAGMA busy_timeout = 10000")
+_NAMESPACE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+def _max_len(column: Any) -> int:
+    length: int = column.type.length
+    return length
+
+
+def _check_identifier(name: str, value: str | None, column: Any) -> None:
+    # The broker refuses these too, but only when the relay sends: a row it refuses would stay
+    # in the outbox forever (and hold back its key), so refuse it here, in the caller's code.
+    if value is None:
+        return
+    limit = _max_len(column)
+    if not value or len(value.encode()) > limit or " " in value:
+        raise InvalidArgument(f"outbox {name} must be 1-{limit} bytes with no spaces: {value!r}")
+
+
+async def add(
+    session: AsyncSession | AsyncConnection,
+    topic: str,
+    body: object,
+    *,
+    key: str | None = None,
+    tags: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> int:
+    """Insert an outbox row in the caller's transaction; return its id. ``body``: bytes as
+    they are, str as UTF-8, anything else as JSON."""
+    validate_topic(topic, allow_system=False)
+    if len(topic) > _max_len(OUTBOX.c.topic):  # pragma: no cover - validate_topic's bound
+        raise InvalidArgument(f"outbox topic longer than {_max_len(OUTBOX.c.topic)}: {topic!r}")
+    _check_identifier("key", key, OUTBOX.c.key)
+    _check_identifier("tags", tags, OUTBOX.c.tags)
+    values: dict[str, Any] = {"topic": topic, "key": key, "tags": tags, "body": encode_body(body)}
+    if headers:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise InvalidArgument("outbox headers must map str to str")
+        values["headers"] = dict(headers)
+    row_id: int = (
+        await session.execute(OUTBOX.insert().values(values).returning(OUTBOX.c.id))
+    ).scalar_one()
+    bind = session.get_bind() if isinstance(session, AsyncSession) else session
+    if bind.dialect.name == "postgresql":
+        # Delivered when (and only if) this transaction commits: the relays wake then.
+        await session.execute(select(func.pg_notify(CHANNEL, "")))
+    return row_id
+
+
+@dataclass
+class _Round:
+    claimed: int = 0
+    published: int = 0
+    held: int = 0  # waiting behind an earlier row of their key in another relay's hands
+    failed: int = 0
+
+
+class Relay:
+    """Publishes the outbox of ``engine``'s database through ``client``. ``namespace`` names
+    that database in idempotency keys (row ids are unique only within one database)."""
+
+    def __init__(
+        self,
+        client: Client,
+        engine: AsyncEngine,
+        *,
+        namespace: str,
+        batch_size: int = 100,
+        ordered: bool = True,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            raise InvalidArgument(
+                f"outbox namespace must be 1-128 characters from A-Z a-z 0-9 _ . - "
+                f"(it names this database in idempotency keys), not {namespace!r}"
+            )
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise InvalidArgument(f"batch_size must be 1-{MAX_BATCH}, not {batch_size}")
+        if not poll_interval_s > 0:
+            raise InvalidArgument(f"poll_interval_s must be positive, not {poll_interval_s}")
+        if engine.dialect.name not in ("postgresql", "sqlite"):
+            raise InvalidArgument(f"unsupported database {engine.dialect.name!r}")
+        self._client = client
+        self._engine = engine
+        self.namespace = namespace
+        self.batch_size = batch_size
+        self.ordered = ordered
+        self.poll_interval_s = poll_interval_s
+        self._pg = engine.dialect.name == "postgresql"
+        self._wake = asyncio.Event()
+        self.listening = asyncio.Event()  # set while a PostgreSQL LISTEN is in place
+        self.published = 0  # rows this relay marked published (duplicates included)
+        self.duplicates = 0  # of those, sends the broker already had (a resend)
+        self.failed = 0  # sends that failed (the row stays for a later round)
+        self.errors = 0  # rounds that failed as a whole (database or broker unreachable)
+        self.rounds = 0
+
+    def idempotency_key(self, row_id: int) -> str:
+        return f"outbox:{self.namespace}:{row_id}"
+
+    async def publish_pending(self) -> int:
+        """One claim → publish → mark round; returns how many rows it published."""
+        return (await self._round()).published
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until ``stop`` is set; a round in progress finishes first."""
+        stopper = asyncio.create_task(stop.wait())
+        stopper.add_done_callback(lambda _: self._wake.set())
+        listener = asyncio.create_task(self._listen()) if self._pg else None
+        backoff = 0.0
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    r: _Round | None = await self._round()
+                except Exception as e:  # the relay must outlive a database or broker outage
+                    self.errors += 1
+                    known = isinstance(e, TxbError | SQLAlchemyError | OSError)
+                    log.warning("outbox round failed: %r", e, exc_info=not known)
+                    r = None
+                if r is None or r.failed:
+                    backoff = min(max(backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+                    await _sleep(stop, backoff)  # a wake-up must not cut a backoff short
+                    continue
+                backoff = 0.0
+                if r.published == self.batch_size:
+                    continue  # probably more waiting
+                await _sleep(self._wake, HELD_RETRY_S if r.held else self.poll_interval_s)
+        finally:
+            for task in (stopper, listener):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(stopper, *([listener] if listener else []), return_exceptions=True)
+
+    async def _round(self) -> _Round:
+        if not self._client.connected:
+            # Reconnect before claiming, not while holding row locks (or SQLite's write lock).
+            await self._client.ping()
+        self.rounds += 1
+        async with self._engine.connect() as conn:
+            if not self._pg:
+                await conn.execute(_SQLITE_BUSY)
+                # Polling must not take the write lock (and block the service) when idle.
+                if await conn.scalar(_pending()) is None:
+                    await conn.rollback()
+                    return _Round()
+            rows = sorted((await conn.execute(self._claim())).all(), key=lambda r: r.id)
+            r = _Round(claimed=len(rows))
+            if not rows:
+                await conn.commit()
+                return r
+            lanes = await self._lanes(conn, rows, r)
+            sent: list[tuple[int, bool]] = []  # (row id, duplicate)
+            async with asyncio.TaskGroup() as tg:
+                for lane in lanes:
+                    tg.create_task(self._publish_lane(lane, sent, r))
+            if sent:
+                ids = [row_id for row_id, _ in sent]
+                await conn.execute(
+                    update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(published_at=func.now())
+                )
+            await conn.commit()
+        r.published = len(sent)
+        self.published += len(sent)
+        self.duplicates += sum(1 for _, dup in sent if dup)
+        return r
+
+    def _claim(self) -> Any:
+        head: Any = (
+            select(OUTBOX.c.id)
+            .where(OUTBOX.c.published_at.is_(None))
+            .order_by(OUTBOX.c.id)
+            .limit(self.batch_size)
+        )
+        if self._pg:
+            # A CTE evaluated once. As a plain IN (subquery), PostgreSQL may rescan it for each
+            # row it updates, each rescan skipping the rows this statement just updated, so
+            # the LIMIT slides along and claims far more than a batch.
+            head = head.with_for_update(skip_locked=True).cte("claimed").prefix_with("MATERIALIZED")
+            head = select(head.c.id)
+        # SQLite: no CTE, since Python's sqlite3 opens its implicit transaction only before a
+        # statement that starts with UPDATE/INSERT/DELETE/REPLACE; one starting with WITH
+        # would run (and commit) on its own, releasing the claim at once. And an UPDATE, so
+        # the round's first statement takes the write lock (waiting its turn) rather than
+        # reading first and failing to upgrade. attempts counts the claims of a row.
+        return (
+            update(OUTBOX)
+            .where(OUTBOX.c.id.in_(head), OUTBOX.c.published_at.is_(None))
+            .values(attempts=OUTBOX.c.attempts + 1)
+            .returning(
+                OUTBOX.c.id,
+                OUTBOX.c.topic,
+                OUTBOX.c.key,
+                OUTBOX.c.tags,
+                OUTBOX.c.headers,
+                OUTBOX.c.body,
+            )
+        )
+
+    async def _lanes(
+        self, conn: AsyncConnection, rows: list[Row[Any]], r: _Round
+    ) -> list[list[Row[Any]]]:
+        """Rows that go one after the other: one lane per key (in id order) when ordered, else
+        one per row. Rows behind an earlier unpublished row of their key outside this batch
+        (another relay's, or one that failed) are left for a later round."""
+        if not self.ordered:
+            return [[row] for row in rows]
+        keys = {row.key for row in rows if row.key is not None}
+        first_outside: dict[str, int] = {}
+        if keys:
+            blockers = (
+                select(OUTBOX.c.key, func.min(OUTBOX.c.id))
+                .where(
+                    OUTBOX.c.published_at.is_(None),
+                    OUTBOX.c.key.in_(keys),
+                    OUTBOX.c.id.notin_([row.id for row in rows]),
+                )
+                .group_by(OUTBOX.c.key)
+            )
+            first_outside = {k: i for k, i in (await conn.execute(blockers)).all()}
+        lanes: dict[str, list[Row[Any]]] = {}
+        out: list[list[Row[Any]]] = []
+        for row in rows:
+            if row.key is None:
+                out.append([row])  # no key, no order
+            elif row.id > first_outside.get(row.key, row.id):
+                r.held += 1
+            else:
+                lanes.setdefault(row.key, []).append(row)
+        return out + list(lanes.values())
+
+    async def _publish_lane(
+        self, lane: list[Row[Any]], sent: list[tuple[int, bool]], r: _Round
+    ) -> None:
+        for row in lane:
+            try:
+                receipt = await self._client.send(
+                    row.topic,
+                    row.body,
+                    key=row.key,
+                    tags=row.tags,
+                    headers=row.headers,
+                    idempotency_key=self.idempotency_key(row.id),
+                )
+            except TxbError as e:
+                r.failed += 1
+                self.failed += 1
+                log.warning(
+                    "outbox row %s to %r not sent (%r); retrying later", row.id, row.topic, e
+                )
+                return  # the rest of this key waits for this row
+            faults.point("relay_after_send")
+            sent.append((row.id, receipt.duplicate))
+
+    async def _listen(self) -> None:
+        """Keep a LISTEN on the outbox channel; re-establish it when its connection drops.
+        Notifications can be lost (while reconnecting, say): the poll covers that."""
+        while True:
+            try:
+                await self._listen_once()
+            except Exception as e:  # PostgreSQL away: poll meanwhile, try again later
+                log.warning("outbox LISTEN failed (%r); polling until it is back", e)
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def _listen_once(self) -> None:
+        async with self._engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            lost = asyncio.Event()
+            driver.add_termination_listener(lambda _c: lost.set())
+            await driver.add_listener(CHANNEL, self._notified)
+            self.listening.set()
+            self._wake.set()  # anything committed before the LISTEN was missed
+            try:
+                await lost.wait()
+            finally:
+                self.listening.clear()
+                if not driver.is_closed():
+                    with contextlib.suppress(Exception):
+                        await driver.remove_listener(CHANNEL, self._notified)
+
+    def _notified(self, *_: object) -> None:
+        self._wake.set()
+
+
+def _pending() -> Select[tuple[int]]:
+    return select(OUTBOX.c.id).where(OUTBOX.c.published_at.is_(None)).limit(1)
+
+
+async def _sleep(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait for ``event``, at most ``timeout_s``."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()

@@ -1,0 +1,102 @@
+"""`txbroker outbox relay`: run an outbox relay as a process until SIGINT/SIGTERM.
+
+Imported only when that command runs: it needs the ``sdk`` extra (SQLAlchemy and a driver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Final
+
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from sdk.client import Client
+from sdk.outbox import Relay
+from sdk.tables import OUTBOX
+from txbroker.db import async_url
+from txbroker.errors import TxbError
+
+__all__ = ["PROGRESS_INTERVAL_S", "relay_main"]
+
+PROGRESS_INTERVAL_S: Final = 5.0
+
+
+async def relay_main(
+    db_url: str,
+    server: str,
+    *,
+    namespace: str,
+    batch_size: int,
+    ordered: bool,
+    poll_interval_s: float,
+    auth_token: str | None,
+) -> None:
+    url = async_url(db_url)
+    shown = make_url(url).render_as_string(hide_password=True)
+    engine = create_async_engine(url)
+    client = Client(server, auth_token=auth_token)  # connects on first use
+    try:
+        relay = Relay(
+            client,
+            engine,
+            namespace=namespace,
+            batch_size=batch_size,
+            ordered=ordered,
+            poll_interval_s=poll_interval_s,
+        )
+        # Check both ends before saying "started": a wrong URL, a database without the
+        # tables or a wrong token fails the start, visibly, instead of every round.
+        try:
+            async with engine.connect() as conn:
+                await conn.scalar(select(OUTBOX.c.id).limit(1))
+        except (SQLAlchemyError, OSError) as e:
+            reason = getattr(e, "orig", None) or e  # the driver's message, without the SQL
+            raise TxbError(
+                f"cannot read the outbox in {shown} ({reason!r}); "
+                "is the database up, and migrated with `txbroker db upgrade`?"
+            ) from e
+        await client.ping()  # a broker still starting gets the client's reconnect window
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(
+            f"outbox relay started namespace={namespace} db={shown} server={server} "
+            f"batch={batch_size} ordered={'yes' if ordered else 'no'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        progress = asyncio.create_task(_progress(relay))
+        try:
+            await relay.run(stop)
+        finally:
+            progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await progress
+        print(f"outbox relay stopped {_counters(relay)}", file=sys.stderr, flush=True)
+    finally:
+        await client.close()
+        await engine.dispose()
+
+
+def _counters(relay: Relay) -> str:
+    return (
+        f"published={relay.published} duplicates={relay.duplicates} failed={relay.failed} "
+        f"errors={relay.errors} rounds={relay.rounds}"
+    )
+
+
+async def _progress(relay: Relay) -> None:
+    last = -1
+    while True:
+        await asyncio.sleep(PROGRESS_INTERVAL_S)
+        moved = relay.published + relay.failed + relay.errors
+        if moved != last:  # quiet while idle
+            last = moved
+            print(f"outbox relay {_counters(relay)}", file=sys.stderr, flush=True)
