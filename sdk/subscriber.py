@@ -2,7 +2,7 @@
 
     subscribers = Subscribers(client, sessionmaker)
 
-    @subscribers.subscriber("orders", group="billing")
+    @subscribers.subscriber("orders", group="billing", concurrency=8, order="key")
     async def charge(session: AsyncSession, msg: ConsumedMessage) -> None:
         await session.execute(payments.insert().values(order=msg.body))
 
@@ -12,15 +12,34 @@ Per message, in one database transaction: insert ``txb_inbox(group, message_id)`
 handler, commit; then acknowledge. A redelivery (the process died after its commit, before its
 ack) finds the inbox row and is acknowledged without running the handler again. A handler that
 raises rolls its transaction back and the message is nacked: retried after a delay, then
-dead-lettered. Messages of one queue are handled in order.
+dead-lettered.
+
+Concurrency: up to ``concurrency`` messages of a subscription are handled at once, in lanes
+(:mod:`sdk.lanes`). ``order="queue"`` keeps one lane per queue, so a queue's messages are
+handled one after the other, in order; ``order="key"`` keeps one lane per message key within a
+queue, so only messages with the same key wait for each other (a message without a key has no
+order to keep and gets a lane of its own). Each handler holds a database connection, so keep
+``concurrency`` within the engine's pool size. SQLite has one writer at a time: there the
+transactions of all subscriptions take turns (in this process; a handler waiting for SQLite's
+lock instead would fail after its busy timeout and be retried for nothing).
+
+Back-pressure: the runner stops fetching while ``4 * concurrency`` messages are waiting or
+running (it pulls 4 at a time), so a slow handler never makes it buffer without bound.
+
+Shutdown: once ``stop`` is set, nothing more is fetched and nothing new starts; running handlers
+get ``shutdown_timeout_s`` to finish and be acknowledged, then are cancelled (their transaction
+rolls back). Offsets are committed on the way out, so what finished is not delivered again;
+what did not finish or never started is redelivered to the group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from sqlalchemy import Executable
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -30,14 +49,24 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sdk import faults
 from sdk.client import Client
 from sdk.consumer import ConsumedMessage, Consumer
+from sdk.lanes import Lanes
 from sdk.tables import INBOX
-from txbroker.errors import TxbError
+from txbroker.errors import InvalidArgument, TxbError
 
-__all__ = ["Handler", "Subscribers", "apply_once"]
+__all__ = ["Handler", "Order", "Subscribers", "apply_once"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[AsyncSession, ConsumedMessage], Awaitable[None]]
+Order = Literal["queue", "key"]
+
+# Admitted (waiting + running) messages per unit of concurrency before fetching pauses: enough
+# that a lane finishing finds its next message already here, small enough to bound memory.
+_ADMIT_PER_SLOT: Final = 4
+# Messages per pull. The broker fills a pull from one queue before the next, so with a backlog
+# one big pull could fill the whole buffer from a single queue and leave the other lanes idle;
+# small pulls make a full buffer span `concurrency` pulls, each starting at another queue.
+_PULL: Final = _ADMIT_PER_SLOT
 
 
 async def apply_once(
@@ -58,39 +87,107 @@ async def apply_once(
         return True
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Subscription:
     topic: str
     group: str
     handler: Handler
+    concurrency: int
+    order: Order
+
+    def lane(self, m: ConsumedMessage) -> Hashable:
+        # Retried copies all sit in queue 0 of the group's retry topic, apart from the original
+        # queues; they are the only deliveries with a reconsume count (a re-drive resets it).
+        queue = (m.reconsume_count > 0, m.msg.topic, m.msg.queue_id)
+        if self.order == "queue":
+            return queue
+        if m.msg.key is None:
+            return (*queue, None, m.msg.queue_offset)  # no key, no order to keep
+        return (*queue, m.msg.key)
 
 
 class Subscribers:
-    def __init__(self, client: Client, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        *,
+        shutdown_timeout_s: float = 30.0,
+    ) -> None:
+        if not shutdown_timeout_s > 0:
+            raise InvalidArgument(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
         self._client = client
         self._sessions = sessionmaker
+        self._shutdown_timeout_s = shutdown_timeout_s
         self._subs: list[_Subscription] = []
+        self._lanes: list[Lanes[ConsumedMessage]] = []
         self.applied = 0
         self.skipped = 0
         self.failed = 0
 
-    def subscriber(self, topic: str, *, group: str) -> Callable[[Handler], Handler]:
+    def subscriber(
+        self, topic: str, *, group: str, concurrency: int = 1, order: Order = "queue"
+    ) -> Callable[[Handler], Handler]:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency must be an integer >= 1, got {concurrency!r}")
+        if order not in ("queue", "key"):
+            raise InvalidArgument(
+                f"order must be 'queue' (in order per queue) or 'key' (in order per message "
+                f"key), got {order!r}"
+            )
+
         def register(fn: Handler) -> Handler:
-            self._subs.append(_Subscription(topic, group, fn))
+            self._subs.append(_Subscription(topic, group, fn, concurrency, order))
             return fn
 
         return register
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume every subscription until ``stop`` is set; in-flight messages finish first."""
-        await asyncio.gather(*(self._run_one(s, stop) for s in self._subs))
+    @property
+    def admitted(self) -> int:
+        """Messages fetched and not yet done (waiting in a lane or being handled)."""
+        return sum(lanes.admitted for lanes in self._lanes)
 
-    async def _run_one(self, sub: _Subscription, stop: asyncio.Event) -> None:
-        async with Consumer(self._client, sub.group, sub.topic, hold_ms=1000) as consumer:
-            while not stop.is_set():
-                for msg in await consumer.fetch():
-                    await self._handle(sub, msg)  # in order, one at a time per subscription
-            await consumer.commit()
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume every subscription until ``stop`` is set; running handlers finish first."""
+        async with self._sessions() as session:
+            single_writer = session.get_bind().dialect.name == "sqlite"
+        gate = asyncio.Lock() if single_writer else None
+        tasks = [asyncio.create_task(self._run_one(s, stop, gate)) for s in self._subs]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            # One subscription failing (or run() cancelled) must not leave the others running.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_one(
+        self, sub: _Subscription, stop: asyncio.Event, gate: asyncio.Lock | None
+    ) -> None:
+        capacity = _ADMIT_PER_SLOT * sub.concurrency
+        lanes: Lanes[ConsumedMessage] = Lanes(
+            functools.partial(self._handle, sub),
+            concurrency=sub.concurrency,
+            capacity=capacity,
+            gate=gate,
+        )
+        async with Consumer(
+            self._client, sub.group, sub.topic, hold_ms=1000, max_messages=_PULL
+        ) as consumer:
+            timeout_s = 0.0  # anything but a stop: cancel the handlers at once
+            self._lanes.append(lanes)
+            try:
+                while await _room_or_stop(lanes, stop):
+                    batch = await consumer.fetch()
+                    if stop.is_set():
+                        break  # not started, not acknowledged: redelivered to the group
+                    for msg in batch:
+                        lanes.submit(sub.lane(msg), msg)
+                timeout_s = self._shutdown_timeout_s
+            finally:
+                await lanes.close(timeout_s)
+                self._lanes.remove(lanes)
+            # Leaving the consumer commits the offsets of everything acknowledged above.
 
     async def _handle(self, sub: _Subscription, msg: ConsumedMessage) -> None:
         try:
@@ -109,3 +206,17 @@ class Subscribers:
         else:
             self.skipped += 1
         msg.ack()
+
+
+async def _room_or_stop(lanes: Lanes[ConsumedMessage], stop: asyncio.Event) -> bool:
+    """Wait until the lanes can take more or ``stop`` is set; True to fetch again."""
+    if stop.is_set():
+        return False
+    room = asyncio.ensure_future(lanes.room())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({room, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        room.cancel()
+        stopped.cancel()
+    return not stop.is_set()
