@@ -229,6 +229,30 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db_clean(args: argparse.Namespace) -> int:
+    import os
+    from datetime import timedelta
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from sdk.retention import clean_up_url
+
+    url = args.url or os.environ.get("TXB_DATABASE_URL")
+    if not url:
+        raise InvalidArgument("give --url (or TXB_DATABASE_URL), e.g. postgresql://user@host/db")
+    keep = timedelta(days=args.keep_days)
+    try:
+        report = _run(clean_up_url(url, keep=keep, batch_size=args.batch))
+    except (SQLAlchemyError, OSError) as e:
+        print(f"txbroker: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"deleted txb_local_tx={report.local_tx} txb_inbox={report.inbox} "
+        f"txb_outbox={report.outbox} (older than {args.keep_days} days)"
+    )
+    return 0
+
+
 def _outbox_relay(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -319,6 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     up = dsub.add_parser("upgrade", help="create or upgrade the txbroker tables")
     up.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
     up.set_defaults(func=_db_upgrade)
+    cl = dsub.add_parser("clean", help="delete old barrier, inbox and published outbox rows")
+    cl.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
+    cl.add_argument(
+        "--keep-days",
+        type=_positive,
+        default=7,
+        help="keep rows younger than this; must exceed the back-check and redelivery horizons "
+        "(see sdk/retention.py; default 7)",
+    )
+    cl.add_argument("--batch", type=_positive, default=1000, help="rows per transaction")
+    cl.set_defaults(func=_db_clean)
 
     ob = sub.add_parser("outbox", help="the transactional outbox of a service's database")
     osub = ob.add_subparsers(dest="outbox_command", required=True)
