@@ -14,9 +14,9 @@ from typing import Final
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from sdk.client import Client
+from sdk.database import create_engine
 from sdk.outbox import Relay
 from sdk.tables import OUTBOX
 from txbroker.db import async_url
@@ -39,7 +39,7 @@ async def relay_main(
 ) -> None:
     url = async_url(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
-    engine = create_async_engine(url)
+    engine = create_engine(url)  # SQLite: WAL and a busy timeout, beside the service
     client = Client(server, auth_token=auth_token)  # connects on first use
     try:
         relay = Relay(
