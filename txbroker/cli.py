@@ -282,24 +282,20 @@ def _outbox_relay(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Until the end-to-end demo exists: the storage benchmark in both flush modes."""
-    from txbroker.bench.recovery_bench import bench_recovery
-    from txbroker.bench.store_bench import bench_store, format_result, summarize
-    from txbroker.store import FlushMode
+    """The end-to-end demo: broker, three services, orders under injected crashes."""
+    from examples.demo import DemoOptions, run_demo
 
-    print("txbroker demo: storage engine (commit log + consume queues + key index)")
-    print(f"appending {args.messages:,} x 1 KiB messages from 64 concurrent appenders\n")
-    for mode in (FlushMode.SYNC, FlushMode.ASYNC):
-        res = _run(bench_store(args.messages, 1024, mode, 64))
-        print(format_result(summarize([res])) + "\n")
-    print(f"crash recovery: fill {args.recovery_mib} MiB, kill -9 the writer, reopen ...")
-    rec = _run(bench_recovery(args.recovery_mib * 1024 * 1024))
-    print(
-        f"  reopened in {rec.reopen_after_kill_s:.2f} s ({rec.replayed_after_kill:,} records "
-        f"replayed from the checkpoint); with no checkpoint {rec.full_replay_s:.2f} s "
-        f"({rec.replayed_full:,} records verified)"
+    opts = DemoOptions(
+        orders=args.orders,
+        database_url=args.database_url,
+        faults=not args.no_faults,
+        kills=args.kills,
+        concurrency=args.concurrency,
+        settle_timeout_s=args.settle_timeout,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        keep=args.keep,
     )
-    return 0
+    return _run(run_demo(opts))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,8 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="run the project's demonstration on embedded defaults")
-    demo.add_argument("--messages", type=_positive, default=200_000)
-    demo.add_argument("--recovery-mib", type=_positive, default=256)
+    demo.add_argument("--orders", type=_positive, default=2000, help="orders to place")
+    demo.add_argument(
+        "--database-url",
+        help="run the services on this PostgreSQL server (a throwaway database is created "
+        "on it and dropped afterwards); default: SQLite files",
+    )
+    demo.add_argument("--no-faults", action="store_true", help="no crashes, no handler failures")
+    demo.add_argument(
+        "--kills", type=_non_negative, default=2, help="crashes injected per service (default 2)"
+    )
+    demo.add_argument("--concurrency", type=_positive, default=8, help="orders in flight")
+    demo.add_argument("--settle-timeout", type=float, default=180.0, help="seconds")
+    demo.add_argument("--work-dir", help="keep the broker data, databases and logs here")
+    demo.add_argument("--keep", action="store_true", help="keep the work directory/database")
     demo.set_defaults(func=_demo)
 
     db = sub.add_parser("db", help="the SDK's tables in a service's database")
