@@ -35,6 +35,7 @@ what did not finish or never started is redelivered to the group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
@@ -67,6 +68,8 @@ _ADMIT_PER_SLOT: Final = 4
 # one big pull could fill the whole buffer from a single queue and leave the other lanes idle;
 # small pulls make a full buffer span `concurrency` pulls, each starting at another queue.
 _PULL: Final = _ADMIT_PER_SLOT
+# Retrying a fetch while the broker is unreachable: doubling from 0.1 s up to this.
+_MAX_BACKOFF_S: Final = 5.0
 
 
 async def apply_once(
@@ -136,6 +139,15 @@ class Subscribers:
                 f"key), got {order!r}"
             )
 
+        for other in self._subs:
+            if other.group == group:
+                # The broker keeps one retry topic per group: a second topic's retried
+                # messages would reach the first topic's handler.
+                raise InvalidArgument(
+                    f"group {group!r} already subscribes to {other.topic!r}: one topic per "
+                    f"group (use another group name for {topic!r})"
+                )
+
         def register(fn: Handler) -> Handler:
             self._subs.append(_Subscription(topic, group, fn, concurrency, order))
             return fn
@@ -177,8 +189,21 @@ class Subscribers:
             timeout_s = 0.0  # anything but a stop: cancel the handlers at once
             self._lanes.append(lanes)
             try:
+                backoff_s = 0.0
                 while await _room_or_stop(lanes, stop):
-                    batch = await consumer.fetch()
+                    try:
+                        batch = await consumer.fetch()
+                    except TxbError as e:
+                        if not e.retriable:
+                            raise
+                        # The broker restarted or the connection dropped: the client
+                        # reconnects on the next request; the handlers keep their messages.
+                        backoff_s = min(max(backoff_s * 2, 0.1), _MAX_BACKOFF_S)
+                        log.warning("fetch from %s failed (%s); retrying", sub.topic, e)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), backoff_s)
+                        continue
+                    backoff_s = 0.0
                     if stop.is_set():
                         break  # not started, not acknowledged: redelivered to the group
                     for msg in batch:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from sdk import Client, ConsumedMessage, Consumer
+from sdk.client import ConnectionClosed
 from sdk.subscriber import Subscribers, apply_once
 from sdk.tables import INBOX
 from tests.conftest import BrokerProcess
@@ -497,3 +498,40 @@ def test_bad_subscriber_arguments_are_refused() -> None:
         subs.subscriber("orders", group="g", order="none")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="shutdown_timeout_s"):
         Subscribers(None, None, shutdown_timeout_s=0)  # type: ignore[arg-type]
+    subs.subscriber("orders", group="g")(_charge)
+    with pytest.raises(InvalidArgument, match="one topic per group"):
+        subs.subscriber("refunds", group="g")  # its retries would reach _charge
+
+
+async def test_the_runner_survives_a_broker_restart(sqlite_url: str, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    engine = create_async_engine(async_url(sqlite_url))
+    broker = await _broker_with_payments(engine, tmp_path, "--port", port)
+    try:
+        async with Client(broker.url, reconnect_s=60) as c:
+            await c.create_topic("orders", queues=1)
+            subs = Subscribers(c, async_sessionmaker(engine))
+            subs.subscriber("orders", group="billing")(_charge)
+            stop = asyncio.Event()
+            runner = _runner(subs, stop)
+            await c.send("orders", b"before")
+            await _until(lambda: subs.applied == 1, "first message")
+            broker.stop()  # the runner's fetch fails while it is down
+            broker = BrokerProcess(tmp_path / "b", "--port", port).start()
+            for attempt in range(3):  # a send in flight over a dropped connection is unknown:
+                try:  # resend it with its idempotency key
+                    await c.send("orders", b"after", idempotency_key="after")
+                    break
+                except ConnectionClosed:
+                    assert attempt < 2
+            await _until(lambda: subs.applied == 2, (subs.applied, subs.failed), timeout_s=30)
+            assert not runner.done()
+            await _stop(stop, runner)
+        assert await _count(engine) == 2
+    finally:
+        broker.stop()
+        await engine.dispose()
