@@ -503,7 +503,9 @@ def test_bad_subscriber_arguments_are_refused() -> None:
         subs.subscriber("refunds", group="g")  # its retries would reach _charge
 
 
-async def test_the_runner_survives_a_broker_restart(sqlite_url: str, tmp_path: Path) -> None:
+async def test_the_runner_survives_a_broker_restart(
+    sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import socket
 
     with socket.socket() as s:
@@ -512,7 +514,9 @@ async def test_the_runner_survives_a_broker_restart(sqlite_url: str, tmp_path: P
     engine = create_async_engine(async_url(sqlite_url))
     broker = await _broker_with_payments(engine, tmp_path, "--port", port)
     try:
-        async with Client(broker.url, reconnect_s=60) as c:
+        # Reconnects give up after 0.3 s, so the runner's fetch really fails while the broker
+        # is down (a longer reconnect window would hide the outage inside one request).
+        async with Client(broker.url, reconnect_s=0.3) as c:
             await c.create_topic("orders", queues=1)
             subs = Subscribers(c, async_sessionmaker(engine))
             subs.subscriber("orders", group="billing")(_charge)
@@ -520,7 +524,12 @@ async def test_the_runner_survives_a_broker_restart(sqlite_url: str, tmp_path: P
             runner = _runner(subs, stop)
             await c.send("orders", b"before")
             await _until(lambda: subs.applied == 1, "first message")
-            broker.stop()  # the runner's fetch fails while it is down
+            broker.kill()
+            await _until(
+                lambda: runner.done() or "fetch from orders failed" in caplog.text,
+                "the runner never noticed the broker was gone",
+            )
+            assert not runner.done(), runner.exception()  # it outlived the failed fetch
             broker = BrokerProcess(tmp_path / "b", "--port", port).start()
             for attempt in range(3):  # a send in flight over a dropped connection is unknown:
                 try:  # resend it with its idempotency key
