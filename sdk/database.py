@@ -5,8 +5,8 @@
 Plain URLs map to the async drivers (asyncpg, aiosqlite). SQLite gets WAL (readers never block
 the writer, and a crash loses nothing committed) and a busy timeout: a service, its check-back
 endpoint and an outbox relay write to one file from several connections and processes, and
-without a timeout the loser of a write-lock race fails at once with "database is locked"
-instead of waiting its turn.
+the driver's default (5 s) lets the loser of a write-lock race under load fail with "database
+is locked" instead of waiting its turn.
 """
 
 from __future__ import annotations

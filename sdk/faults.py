@@ -40,10 +40,13 @@ class _Fault:
 
 
 _armed: dict[str, _Fault] = {}
+_loaded = False  # TXB_FAULTS is read at the first point() passed, not at import
 
 
 def arm(spec: str) -> None:
     """Arm points from a ``TXB_FAULTS``-style spec (replacing what was armed)."""
+    global _loaded
+    _loaded = True
     armed: dict[str, _Fault] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, sep, value = part.partition("=")
@@ -72,6 +75,8 @@ def arm(spec: str) -> None:
 
 def point(name: str) -> None:
     """Die here, by SIGKILL, if this point is armed and its turn has come."""
+    if not _loaded:
+        arm(os.environ.get("TXB_FAULTS", ""))
     fault = _armed.get(name)
     if fault is None:
         return
@@ -79,6 +84,3 @@ def point(name: str) -> None:
     hit = fault.passes == fault.at if fault.at else random.random() < fault.probability
     if hit:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-arm(os.environ.get("TXB_FAULTS", ""))

@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Table, delete, func, select, tuple_
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sdk.tables import INBOX, LOCAL_TX, OUTBOX
 from txbroker.errors import InvalidArgument
@@ -148,9 +148,9 @@ async def clean_up_url(
     url: str, *, keep: timedelta = DEFAULT_KEEP, batch_size: int = 1000
 ) -> CleanupReport:
     """:func:`clean_up` on a database URL (postgresql:// or sqlite://), for the CLI."""
-    from txbroker.db import async_url
+    from sdk.database import create_engine
 
-    engine = create_async_engine(async_url(url))
+    engine = create_engine(url)  # SQLite: WAL and the SDK's busy timeout
     try:
         return await clean_up(engine, keep=keep, batch_size=batch_size)
     finally:

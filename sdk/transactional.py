@@ -104,6 +104,7 @@ class TxPublisher:
     ) -> R:
         tx_id = new_id()
         tx: Transaction | None = None
+        committing = False
         try:
             async with self._sessions() as session, session.begin():
                 result = await fn(session, *args, **kwargs)
@@ -125,10 +126,15 @@ class TxPublisher:
                 )
                 await record_commit(session, tx_id, topic, msg_key)
                 faults.point("before_db_commit")
+                committing = True  # leaving the block commits
             # The database committed: the message must follow.
             faults.point("after_db_commit")
         except BaseException:
-            if tx is not None:  # prepared, but the database did not commit: discard it
+            if committing:
+                # The COMMIT itself failed (a dropped connection, a cancellation): it may have
+                # taken effect anyway. Only the barrier knows, so the back-check decides.
+                log.warning("commit of %s failed; its back-check reads the barrier", tx_id)
+            elif tx is not None:  # prepared, but the database did not commit: discard it
                 try:
                     await tx.rollback()
                 except TxbError as e:  # the back-check will find no barrier row: ROLLBACK

@@ -116,3 +116,40 @@ async def asyncio_sleep(s: float) -> None:
     import asyncio
 
     await asyncio.sleep(s)  # polling the broker for the check's outcome
+
+
+async def test_a_commit_that_fails_after_taking_effect_is_settled_by_the_check(
+    service: tuple[BrokerProcess, str, AsyncEngine],
+) -> None:
+    """The COMMIT's outcome is unknown to the SDK when it raises (here: after it took effect,
+    like a connection lost before the answer). Rolling the half message back would lose the
+    message of a committed order; the SDK leaves it to the back-check, which reads the barrier."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    class LostAnswer(Session):
+        pass
+
+    def boom(session: Session) -> None:
+        raise ConnectionResetError("connection lost while the COMMIT's answer was on its way")
+
+    event.listen(LostAnswer, "after_commit", boom)
+    broker, check_url, engine = service
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("orders", queues=1)
+        sessions = async_sessionmaker(engine, sync_session_class=LostAnswer)
+        pub = TxPublisher(c, sessions, producer_group=GROUP, check_url=check_url)
+
+        @pub.transactional("orders")
+        async def place(session: AsyncSession, oid: str) -> str:
+            await session.execute(ORDERS.insert().values(id=oid, item="desk"))
+            return oid
+
+        with pytest.raises(ConnectionResetError):
+            await place("o7")
+        deadline = time.monotonic() + 15
+        while (await c.list_transactions()).total:
+            assert time.monotonic() < deadline, "the back-check never resolved it"
+            await asyncio_sleep(0.1)
+        assert await _rows(engine) == ["o7"]
+        assert await _delivered(c) == [b"o7"]  # committed order, delivered message
