@@ -34,6 +34,11 @@ __all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
 COMMITTED = "committed"
 ROLLED_BACK = "rolled_back"
 
+# One statement, built once, with per-call parameters: building ``.values(...)`` anew on every
+# call cost ~60 us of CPU per business transaction (`txbroker bench service`), about a quarter
+# of what @transactional adds to a CPU-bound service.
+_INSERT_BARRIER = LOCAL_TX.insert()
+
 
 class TransactionFenced(TxbError):
     """A back-check already answered ROLLBACK for this transaction: the business transaction
@@ -48,7 +53,7 @@ async def record_commit(
     """Insert the barrier row inside the business transaction."""
     try:
         await conn.execute(
-            LOCAL_TX.insert().values(tx_id=tx_id, state=COMMITTED, topic=topic, key=key)
+            _INSERT_BARRIER, {"tx_id": tx_id, "state": COMMITTED, "topic": topic, "key": key}
         )
     except IntegrityError as e:
         raise TransactionFenced(

@@ -216,6 +216,24 @@ def _bench_tx(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_service(args: argparse.Namespace) -> int:
+    from txbroker.bench.service_bench import ServiceBenchOptions, bench_service, format_summary
+
+    opts = ServiceBenchOptions(
+        database_url=args.database_url,
+        orders=args.orders,
+        concurrency=args.concurrency,
+        latency_orders=args.latency_orders,
+        latency_rate=args.latency_rate,
+        runs=args.runs,
+        broker_flush=args.broker_flush,
+        data_root=Path(args.data_dir) if args.data_dir else None,
+    )
+    res = bench_service(opts, progress=not args.json)
+    print(json.dumps(res) if args.json else format_summary(res, opts))
+    return 0
+
+
 def _db_upgrade(args: argparse.Namespace) -> int:
     import os
 
@@ -430,6 +448,31 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--data-dir")
     bt.add_argument("--json", action="store_true")
     bt.set_defaults(func=_bench_tx)
+
+    bsv = bsub.add_parser(
+        "service", help="orders/s with @transactional and outbox vs no messaging; latency"
+    )
+    bsv.add_argument(
+        "--database-url",
+        help="a PostgreSQL server (postgresql://...): a throwaway database is created on it per "
+        "run and dropped after; default: a SQLite file in a temporary directory",
+    )
+    bsv.add_argument("--orders", type=_positive, default=5000, help="per mode per run")
+    bsv.add_argument("--concurrency", type=_positive, default=16, help="callers placing orders")
+    bsv.add_argument(
+        "--latency-orders", type=_positive, default=1000, help="per mode, latency phase"
+    )
+    bsv.add_argument(
+        "--latency-rate",
+        type=_positive,
+        default=200,
+        help="orders/s in the latency phase (at most half the mode's measured throughput)",
+    )
+    bsv.add_argument("--broker-flush", choices=["sync", "async"], default="sync")
+    bsv.add_argument("--runs", type=_positive, default=3)
+    bsv.add_argument("--data-dir", help="broker data and SQLite files (default: $TMPDIR)")
+    bsv.add_argument("--json", action="store_true")
+    bsv.set_defaults(func=_bench_service)
 
     bd = bsub.add_parser("disk", help="the disk's write+fdatasync ceiling per batch size")
     bd.add_argument("--batch", type=_positive, nargs="+", default=[32, 64, 128])

@@ -1,0 +1,137 @@
+"""`txbroker bench service`, run tiny: the result's shape, and the sanity check that keeps a
+broken run from reporting figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Table, column, func, select, table
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sdk.tables import LOCAL_TX
+from tests.conftest import IN_CI, run_cli
+from tests.sdk.conftest import PG_URL
+from txbroker.bench.service_bench import (
+    ServiceBenchOptions,
+    ServiceBenchResult,
+    bench_service,
+    format_summary,
+)
+from txbroker.bench.service_db import (
+    APPLIED,
+    ORDERS,
+    BenchFailed,
+    create_tables,
+    throwaway_database,
+    verify,
+)
+from txbroker.db import async_url
+from txbroker.errors import InvalidArgument
+
+
+def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
+    opts = ServiceBenchOptions(
+        orders=40,
+        concurrency=4,
+        latency_orders=20,
+        latency_rate=100,
+        runs=1,
+        slices=2,
+        data_root=tmp_path,
+    )
+    res = bench_service(opts, progress=False)
+    assert res["runs"] == 1
+    m = res["median"]
+    assert isinstance(m, dict)
+    assert set(m) == {f.name for f in dataclasses.fields(ServiceBenchResult)}
+    assert m["database"] == "sqlite" and m["broker_flush"] == "sync"
+    for mode in ("baseline", "transactional", "outbox"):
+        assert m[f"{mode}_per_s"] > 0 and m["cpu_us_per_order"][mode] > 0
+    assert m["transactional_ratio"] == pytest.approx(
+        m["transactional_per_s"] / m["baseline_per_s"], rel=0.01
+    )
+    for lat in (m["transactional_latency"], m["outbox_latency"]):
+        assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    # Per messaging mode: the warm-up slice (2 x concurrency), the timed orders, the latency
+    # phase; each checked against the database to have been applied exactly once.
+    assert m["applied_once"] == 2 * (2 * 4 + 40 + 20)
+    assert m["back_checks"] == 0 and m["relay_duplicates"] == 0
+    text_out = format_summary(res, opts)
+    assert "@transactional" in text_out
+    assert "txbroker bench service --orders 40 --concurrency 4" in text_out
+    assert not list(tmp_path.iterdir())  # the broker's data and the SQLite file are gone
+
+
+async def test_verify_fails_a_run_with_a_lost_duplicate_or_orphan_message(
+    engine: AsyncEngine,
+) -> None:
+    await create_tables(engine)
+
+    async def insert(into: Table, **row: object) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(into.insert().values(row))
+
+    for oid in ("o1", "o2"):
+        await insert(ORDERS, id=oid, mode="outbox", item="lamp", qty=1, amount_cents=5)
+    await insert(APPLIED, order_id="o1", mode="outbox")
+    with pytest.raises(BenchFailed, match="1 of 2 orders not applied exactly once"):
+        await verify(engine, "outbox", 2, messaging=True)  # o2 lost
+    await insert(APPLIED, order_id="o2", mode="outbox")
+    await verify(engine, "outbox", 2, messaging=True)
+    with pytest.raises(BenchFailed, match="3 orders placed but 2 committed"):
+        await verify(engine, "outbox", 3, messaging=True)
+    await insert(APPLIED, order_id="o1", mode="outbox")
+    with pytest.raises(BenchFailed, match="1 of 2 orders not applied exactly once"):
+        await verify(engine, "outbox", 2, messaging=True)  # o1 applied twice
+    await insert(APPLIED, order_id="o9", mode="transactional")
+    with pytest.raises(BenchFailed, match="1 applied rows without their order"):
+        await verify(engine, "transactional", 0, messaging=True)
+    await verify(engine, "baseline", 0, messaging=False)
+    await insert(APPLIED, order_id="o8", mode="baseline")
+    with pytest.raises(BenchFailed, match="publishes nothing"):
+        await verify(engine, "baseline", 0, messaging=False)
+
+
+async def test_a_postgresql_url_gets_a_throwaway_database_dropped_afterwards() -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    admin = create_async_engine(async_url(PG_URL))
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(select(1))
+    except OSError as e:
+        await admin.dispose()
+        if IN_CI:
+            raise
+        pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
+    databases = table("pg_database", column("datname"))
+    try:
+        async with throwaway_database(PG_URL, None) as url:
+            name = url.rpartition("/")[2]
+            assert name.startswith("txb_bench_")
+            db = create_async_engine(async_url(url))
+            try:
+                async with db.connect() as conn:  # migrated: the SDK's tables are there
+                    assert await conn.scalar(select(func.count()).select_from(LOCAL_TX)) == 0
+            finally:
+                await db.dispose()
+        async with admin.connect() as conn:
+            gone = select(databases.c.datname).where(databases.c.datname == name)
+            assert (await conn.execute(gone)).first() is None
+    finally:
+        await admin.dispose()
+
+
+async def test_a_url_that_is_not_postgresql_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="postgresql"):
+        async with throwaway_database("sqlite:///x.db", None):
+            pass
+
+
+def test_the_cli_refuses_a_database_that_is_not_postgresql_before_starting_anything() -> None:
+    out = run_cli("bench", "service", "--database-url", "sqlite:///shop.db")
+    assert out.returncode == 2
+    assert "must be postgresql://...; leave it out for SQLite" in out.stderr
+    assert "run 1/" not in out.stderr  # no broker was started
