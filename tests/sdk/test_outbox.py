@@ -106,6 +106,12 @@ class RelayProcess:
                 stderr=f,
                 env={**os.environ, **(env or {})},
             )
+        # Until it says "started" its SIGTERM handler is not installed: a stop() that early
+        # would kill it with -15 instead of stopping it.
+        deadline = time.monotonic() + 30
+        while "outbox relay started" not in log.read_text() and self.proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)  # watching another process's log: there is no event to await
 
     def stop(self) -> int:
         """SIGTERM and wait (bounded); SIGKILL if it hangs. Returns the exit code."""
