@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import Executable, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from starlette.applications import Starlette
@@ -26,7 +24,7 @@ from starlette.routing import Route
 
 from checkback.contract import CheckRequest, CheckStatus
 from checkback.endpoint import CheckbackEndpoint
-from sdk.tables import LOCAL_TX
+from sdk.tables import LOCAL_TX, insert_if_absent
 from txbroker.errors import TxbError
 
 __all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
@@ -75,14 +73,7 @@ class BarrierResolver:
             "key": check.key,
         }
         async with self._engine.begin() as conn:
-            stmt: Executable
-            if conn.dialect.name == "postgresql":
-                stmt = pg_insert(LOCAL_TX).values(row).on_conflict_do_nothing()
-            elif conn.dialect.name == "sqlite":
-                stmt = sqlite_insert(LOCAL_TX).values(row).on_conflict_do_nothing()
-            else:  # pragma: no cover - the SDK supports PostgreSQL and SQLite
-                raise TxbError(f"unsupported database {conn.dialect.name}")
-            result = await conn.execute(stmt)
+            result = await conn.execute(insert_if_absent(LOCAL_TX, conn.dialect.name), row)
             inserted = result.rowcount == 1
             if inserted:
                 return CheckStatus.ROLLBACK

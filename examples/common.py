@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from sdk import Client
 from sdk.database import create_engine
 from sdk.subscriber import Subscribers
 from txbroker.atomicfile import write_atomic
+from txbroker.shutdown import stop_on_signals
 
-__all__ = ["StatsFile", "run_subscriber_service", "service_parser", "stop_event"]
+__all__ = ["StatsFile", "run_subscriber_service", "service_parser"]
 
 Register = Callable[[Subscribers], None]
 
@@ -33,15 +33,6 @@ def service_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--broker", default="txb://127.0.0.1:9876", help="the broker's address")
     p.add_argument("--stats", help="write the service's counters (JSON) into this directory")
     return p
-
-
-def stop_event() -> asyncio.Event:
-    """Set on SIGTERM or SIGINT: the service then finishes what it has in flight and exits."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 class StatsFile:
@@ -73,7 +64,7 @@ async def run_subscriber_service(
     engine = create_engine(args.db)
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
-    stop = stop_event()
+    stop = stop_on_signals()
     async with Client(args.broker) as client:
         subscribers = Subscribers(client, async_sessionmaker(engine))
         register(subscribers)

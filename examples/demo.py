@@ -23,7 +23,6 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from examples.supervisor import DemoFailed, Process, Supervisor
 from sdk import Client
 from sdk.database import create_engine
 from txbroker.db import upgrade
+from txbroker.scratchdb import scratch_database
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -76,8 +76,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _nth(lo: int, hi: int, point: str) -> Callable[[], str]:
-    """A fault at a random pass in [lo, hi] of ``point``, drawn anew for each start."""
+def _nth(orders: int, point: str) -> Callable[[], str]:
+    """A fault at a random pass of ``point`` between an eighth and a third of the orders,
+    drawn anew for each start, so the crashes land while orders are still flowing."""
+    lo, hi = max(orders // 8, 1), max(orders // 3, 2)
     return lambda: f"{point}=@{random.randint(lo, hi)}"
 
 
@@ -91,27 +93,9 @@ async def _databases(opts: DemoOptions, work: Path) -> AsyncIterator[dict[str, s
             for name in ("orders", "billing", "inventory")
         }
         return
-    import asyncpg
-
-    base, _, _ = opts.database_url.rpartition("/")
-    name = f"txb_demo_{uuid.uuid4().hex[:10]}"
-    admin = opts.database_url.replace("postgresql+asyncpg://", "postgresql://")
-    conn = await asyncpg.connect(admin.replace("postgresql://", "postgres://", 1))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')  # name is ours: hex only
-    finally:
-        await conn.close()
-    say(f"  PostgreSQL database {name} created")
-    url = f"{base}/{name}"
-    try:
+    async with scratch_database(opts.database_url, "txb_demo", keep=opts.keep) as url:
+        say(f"  PostgreSQL database {url.rpartition('/')[2]} created")
         yield {"orders": url, "billing": url, "inventory": url}
-    finally:
-        if not opts.keep:
-            conn = await asyncpg.connect(admin.replace("postgresql://", "postgres://", 1))
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 async def run_demo(opts: DemoOptions) -> int:
@@ -194,7 +178,7 @@ async def _run(
                 SECRET,
                 *stats,
             ],
-            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_db_commit"),
+            faults=_nth(opts.orders, "after_db_commit"),
             kill_budget=kills,
         )
     )
@@ -213,7 +197,7 @@ async def _run(
                 "orders",
             ],
             ready=None,
-            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "relay_after_send"),
+            faults=_nth(opts.orders, "relay_after_send"),
             kill_budget=kills,
         )
     )
@@ -230,7 +214,7 @@ async def _run(
                 str(opts.fail_rate if opts.faults else 0.0),
                 *stats,
             ],
-            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_inbox_commit"),
+            faults=_nth(opts.orders, "after_inbox_commit"),
             kill_budget=kills,
         )
     )
@@ -238,7 +222,7 @@ async def _run(
         Process(
             "inventory",
             ["examples.inventory", "--db", dbs["inventory"], "--broker", broker_url, *stats],
-            faults=_nth(max(opts.orders // 8, 1), max(opts.orders // 3, 2), "after_inbox_commit"),
+            faults=_nth(opts.orders, "after_inbox_commit"),
             kill_budget=kills,
         )
     )

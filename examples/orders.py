@@ -30,13 +30,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from checkback.barrier import TransactionFenced, mount
-from examples.common import StatsFile, service_parser, stop_event
+from examples.common import StatsFile, service_parser
 from sdk import Client
 from sdk.database import create_engine
 from sdk.outbox import add as outbox_add
 from sdk.transactional import TxPublisher
 from txbroker.errors import TxbError
 from txbroker.httpserve import HttpServer
+from txbroker.shutdown import stop_on_signals
 
 __all__ = ["ORDERS", "PRODUCER_GROUP", "create_app"]
 
@@ -122,7 +123,7 @@ async def main() -> int:
     async with engine.begin() as conn:
         await conn.run_sync(ORDERS.metadata.create_all)
     client = Client(args.broker)  # connects on first use, and reconnects
-    stop = stop_event()
+    stop = stop_on_signals()
     app, counters = create_app(
         engine, client, secret=args.secret, public_url=f"http://127.0.0.1:{args.port}"
     )

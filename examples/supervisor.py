@@ -34,7 +34,6 @@ class Process:
     faults: Callable[[], str] | None = None  # TXB_FAULTS for the next start (None: none)
     kill_budget: int = 0  # how many fault kills to allow; then it runs without faults
     kills: int = 0
-    starts: int = 0
     ready_line: str = ""
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
 
@@ -59,7 +58,6 @@ class Supervisor:
         env.pop("TXB_FAULTS", None)
         if p.faults is not None and p.kills < p.kill_budget:
             env["TXB_FAULTS"] = p.faults()
-        p.starts += 1
         # stderr to a file (a pipe nobody reads could block the child); the child keeps its
         # own descriptor, so ours is closed once it is started.
         with (self._logs / f"{p.name}.log").open("ab") as log:

@@ -42,16 +42,13 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from sqlalchemy import Executable
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sdk import faults
 from sdk.client import Client
 from sdk.consumer import ConsumedMessage, Consumer
 from sdk.lanes import Lanes
-from sdk.tables import INBOX
+from sdk.tables import INBOX, insert_if_absent
 from txbroker.errors import InvalidArgument, TxbError
 
 __all__ = ["Handler", "Order", "Subscribers", "apply_once"]
@@ -79,12 +76,8 @@ async def apply_once(
     The inbox row and the handler's writes commit together or not at all."""
     async with sessions() as session, session.begin():
         row = {"consumer_group": group, "message_id": msg.msg.message_id}
-        stmt: Executable
-        if session.get_bind().dialect.name == "postgresql":
-            stmt = pg_insert(INBOX).values(row).on_conflict_do_nothing()
-        else:
-            stmt = sqlite_insert(INBOX).values(row).on_conflict_do_nothing()
-        if (await session.execute(stmt)).rowcount == 0:  # type: ignore[attr-defined]
+        inbox = insert_if_absent(INBOX, session.get_bind().dialect.name)
+        if (await session.execute(inbox, row)).rowcount == 0:  # type: ignore[attr-defined]
             return False  # applied before: a redelivery
         await handler(session, msg)
         return True

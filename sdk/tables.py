@@ -11,6 +11,7 @@ The schema is created by the Alembic migrations in ``migrations/`` (``txbroker d
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from sqlalchemy import (
@@ -26,8 +27,12 @@ from sqlalchemy import (
     Table,
     func,
 )
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert
 
-__all__ = ["INBOX", "LOCAL_TX", "OUTBOX", "metadata"]
+from txbroker.errors import InvalidArgument
+
+__all__ = ["INBOX", "LOCAL_TX", "OUTBOX", "insert_if_absent", "metadata"]
 
 metadata: Final = MetaData()
 
@@ -72,3 +77,16 @@ OUTBOX: Final = Table(
 Index("ix_txb_outbox_unpublished", OUTBOX.c.published_at, OUTBOX.c.id)
 Index("ix_txb_local_tx_created", LOCAL_TX.c.created_at)
 Index("ix_txb_inbox_processed", INBOX.c.processed_at)
+
+
+@functools.cache
+def insert_if_absent(table: Table, dialect: str) -> Insert:
+    """``INSERT ... ON CONFLICT DO NOTHING`` into ``table`` for ``dialect``, built once (it is on
+    every message's and check's path); execute it with the row as parameters: rowcount 1 if
+    this call inserted the row, 0 if a row with its key was there. The barrier and the inbox
+    both decide "first one wins" this way."""
+    if dialect == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    if dialect == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    raise InvalidArgument(f"unsupported database {dialect!r}: use postgresql or sqlite")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 from typing import Final
 
@@ -21,6 +20,7 @@ from sdk.outbox import Relay
 from sdk.tables import OUTBOX
 from txbroker.db import async_url
 from txbroker.errors import TxbError
+from txbroker.shutdown import stop_on_signals
 
 __all__ = ["PROGRESS_INTERVAL_S", "relay_main"]
 
@@ -62,10 +62,7 @@ async def relay_main(
                 "is the database up, and migrated with `txbroker db upgrade`?"
             ) from e
         await client.ping()  # a broker still starting gets the client's reconnect window
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         print(
             f"outbox relay started namespace={namespace} db={shown} server={server} "
             f"batch={batch_size} ordered={'yes' if ordered else 'no'}",

@@ -10,22 +10,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import IN_CI
 from txbroker.db import async_url, upgrade
+from txbroker.scratchdb import create_database, drop_database
 
+T = TypeVar("T")
 PG_URL = os.environ.get("TXB_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def _pg_admin_url() -> str:
-    base, _, _ = PG_URL.rpartition("/")
-    return base + "/postgres"
 
 
 @pytest.fixture
@@ -38,35 +36,23 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh database, migrated, dropped after the test."""
-    import asyncpg
 
-    name = f"txb_test_{uuid.uuid4().hex[:12]}"
-    admin = _pg_admin_url().replace("postgresql://", "postgres://")
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    def admin_sql(sql: str) -> None:
+    def run(coro: Coroutine[Any, Any, T]) -> T:
         # Its own thread and loop: the fixture may be reached from inside a running loop.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, run(sql)).result()
+            return pool.submit(asyncio.run, coro).result()
 
     try:
-        admin_sql(f'CREATE DATABASE "{name}"')
-    except (OSError, asyncpg.PostgresError) as e:
+        url = run(create_database(PG_URL, "txb_test"))
+    except (OSError, SQLAlchemyError) as e:
         if IN_CI:
             raise
         pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
-    url = _pg_admin_url().rpartition("/")[0] + "/" + name
     try:
         upgrade(url)
         yield url
     finally:
-        admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        run(drop_database(url))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

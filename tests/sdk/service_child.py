@@ -17,13 +17,12 @@ import time
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from sqlalchemy.ext.asyncio import create_async_engine as create_engine
 
 from sdk import Client, ConsumedMessage
+from sdk.database import create_engine
 from sdk.subscriber import Subscribers
 from sdk.transactional import TxPublisher
 from tests.tx.conftest import GROUP
-from txbroker.db import async_url
 
 TOPIC = "orders"
 ORDERS = sa.Table(
@@ -46,7 +45,7 @@ async def _create(engine: AsyncEngine, table: sa.Table) -> None:
 
 
 async def place(db: str, broker: str, check_url: str, orders: int, prefix: str) -> None:
-    engine = create_engine(async_url(db))
+    engine = create_engine(db)
     try:
         await _create(engine, ORDERS)
         async with await Client.connect(broker) as client:
@@ -71,7 +70,7 @@ async def _count(engine: AsyncEngine) -> int:
 
 
 async def consume(db: str, broker: str, group: str, until: int) -> None:
-    engine = create_engine(async_url(db))
+    engine = create_engine(db)
     try:
         await _create(engine, PAYMENTS)
         async with await Client.connect(broker) as client:

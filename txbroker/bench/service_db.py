@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final
@@ -24,12 +23,12 @@ from sqlalchemy import (
     Table,
     func,
     select,
-    text,
 )
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from txbroker.db import async_url, upgrade
+from txbroker import scratchdb
+from txbroker.db import upgrade
 from txbroker.errors import InvalidArgument, TxbError
 
 __all__ = [
@@ -76,13 +75,13 @@ async def create_tables(engine: AsyncEngine) -> None:
 
 
 def postgresql_server(url: str) -> URL:
-    """``url`` parsed, for the async driver; InvalidArgument unless it is PostgreSQL."""
-    server = make_url(async_url(url))
-    if server.get_backend_name() != "postgresql":
+    """``url`` parsed; InvalidArgument (worded for the bench's flag) unless it is PostgreSQL."""
+    try:
+        return scratchdb.postgresql_server(url)
+    except InvalidArgument:
         raise InvalidArgument(
             f"--database-url must be postgresql://...; leave it out for SQLite, not {url!r}"
-        )
-    return server
+        ) from None
 
 
 @contextlib.asynccontextmanager
@@ -99,23 +98,10 @@ async def throwaway_database(url: str | None, data_root: Path | None) -> AsyncIt
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return
-    server = postgresql_server(url)
-    name = f"txb_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(server, isolation_level="AUTOCOMMIT")
-    # CREATE/DROP DATABASE take no bind parameters; the name is ours (hex), quoted anyway.
-    quoted = admin.dialect.identifier_preparer.quote(name)
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f"CREATE DATABASE {quoted}"))
-        try:
-            db_url = server.set(database=name).render_as_string(hide_password=False)
-            upgrade(db_url)
-            yield db_url
-        finally:
-            async with admin.connect() as conn:
-                await conn.execute(text(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
-    finally:
-        await admin.dispose()
+    postgresql_server(url)
+    async with scratchdb.scratch_database(url, "txb_bench") as db_url:
+        upgrade(db_url)
+        yield db_url
 
 
 async def verify(engine: AsyncEngine, mode: str, placed: int, *, messaging: bool) -> None:

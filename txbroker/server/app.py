@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 from txbroker import __version__
@@ -22,6 +21,7 @@ from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
+from txbroker.shutdown import stop_on_signals
 from txbroker.snapshot import Snapshot
 from txbroker.store import MessageStore, StoreConfig
 from txbroker.tx.checker import BackChecker, CheckSettings
@@ -204,10 +204,7 @@ class BrokerServer:
 async def serve(config: ServerConfig) -> None:
     server = BrokerServer(config)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     print(
         f"txbroker ready tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
         f"data={config.data_dir} "
