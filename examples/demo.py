@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from examples.driver import drive
@@ -35,6 +36,7 @@ from examples.report import Snapshot, format_report, read_stats, take_snapshot
 from examples.supervisor import DemoFailed, Process, Supervisor
 from sdk import Client
 from sdk.database import create_engine
+from txbroker.brokerproc import READY_PREFIX, parse_ready
 from txbroker.db import upgrade
 from txbroker.scratchdb import scratch_database
 
@@ -144,12 +146,10 @@ async def _run(
                 "--tx-secret",
                 f"orders-svc={SECRET}",
             ],
-            ready="txbroker ready",
+            ready=READY_PREFIX,
         )
     )
-    tcp = broker.ready_line.split("tcp=")[1].split()[0]
-    http_base = "http://" + broker.ready_line.split("http=")[1].split()[0]
-    broker_url = f"txb://{tcp}"
+    broker_url, http_base = parse_ready(broker.ready_line)
     async with Client(broker_url) as client:
         await client.create_topic("orders", queues=4)
         await client.create_topic("inventory", queues=4)
@@ -287,6 +287,11 @@ async def _settle(
             raise sup.failure
         if time.monotonic() > deadline:
             say(f"      not settled after {opts.settle_timeout_s:.0f} s: reporting as is")
+            if snap.pending_tx:  # what the broker knows of them: the first thing to look at
+                async with httpx.AsyncClient(timeout=10) as http:
+                    open_txs = (await http.get(http_base + "/v1/transactions")).json()
+                for tx in open_txs["transactions"][:10]:
+                    say(f"      open: {tx}")
             return snap
         line = (
             f"      open transactions {snap.pending_tx}, unpublished outbox rows "

@@ -29,10 +29,11 @@ __all__ = ["Snapshot", "format_report", "read_metrics", "take_snapshot"]
 _METRIC = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 
 
-def read_metrics(http_base: str) -> dict[str, float]:
+async def read_metrics(http_base: str) -> dict[str, float]:
     """The broker's /metrics as {"name" or "name{labels}": value}."""
     out: dict[str, float] = {}
-    text = httpx.get(http_base + "/metrics", timeout=10).text
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(http_base + "/metrics")).text
     for line in text.splitlines():
         m = _METRIC.match(line)
         if m:
@@ -104,7 +105,7 @@ async def take_snapshot(
         s.reservations = Counter((await c.scalars(sa.select(RESERVATIONS.c.order_id))).all())
     s.billing_inbox = await _inbox(billing_db, "billing")
     s.inventory_inbox = await _inbox(inventory_db, "inventory")
-    s.metrics = read_metrics(http_base)
+    s.metrics = await read_metrics(http_base)
     return s
 
 

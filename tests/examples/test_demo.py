@@ -47,8 +47,10 @@ def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     assert _row(out, "relay killed by an injected crash") == 1
 
 
-def test_demo_on_postgresql(pg_url: str) -> None:
-    out = _demo("--orders", "120", "--kills", "1", "--database-url", pg_url)
+def test_demo_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    out = _demo(
+        "--orders", "120", "--kills", "1", "--database-url", pg_url, "--work-dir", str(tmp_path)
+    )
     assert _row(out, "anomalies") == 0
     assert _row(out, "payments applied") == _row(out, "orders placed (client got 201/409)")
 

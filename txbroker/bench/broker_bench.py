@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import shutil
-import signal
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from txbroker.brokerproc import BrokerProcess
 from txbroker.protocol.messages import SendRequest
 
 T = TypeVar("T")
@@ -42,40 +40,11 @@ def broker_process(
 ) -> Iterator[str]:
     """Run `txbroker serve` on free ports; yield its txb:// address."""
     root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
-    cmd = [
-        sys.executable,
-        "-m",
-        "txbroker.cli",
-        "serve",
-        "--data-dir",
-        str(root / "data"),
-        "--port",
-        "0",
-        "--http-port",
-        "0",
-        "--flush",
-        flush,
-        *extra,
-    ]
-    with open(root / "broker.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    broker = BrokerProcess(root / "data", "--flush", flush, *extra)
     try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        line = proc.stdout.readline() if ready else ""
-        if not line.startswith("txbroker ready"):
-            raise RuntimeError(f"the broker did not start: {(root / 'broker.log').read_text()}")
-        yield "txb://" + line.split("tcp=")[1].split()[0]
+        yield broker.start().url
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        broker.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from txbroker import __version__
+from txbroker.brokerproc import READY_PREFIX
 from txbroker.httpserve import HttpServer
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
@@ -206,7 +207,7 @@ async def serve(config: ServerConfig) -> None:
     await server.start()
     stop = stop_on_signals()
     print(
-        f"txbroker ready tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
+        f"{READY_PREFIX} tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
         f"data={config.data_dir} "
         f"flush={config.flush.value}",
         flush=True,
