@@ -18,6 +18,7 @@ is lost) is left to the back-check, which finds the committed barrier row: COMMI
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -29,9 +30,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from checkback.barrier import record_commit
 from sdk import faults
-from sdk.client import Client, Transaction
+from sdk.client import Client
 from txbroker.errors import TxbError
 from txbroker.ids import new_id
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import TxEndRequest, TxPrepareRequest
 
 __all__ = ["TxPublisher", "encode_body"]
 
@@ -103,7 +106,7 @@ class TxPublisher:
         encode: Callable[[Any], bytes],
     ) -> R:
         tx_id = new_id()
-        tx: Transaction | None = None
+        prepared: asyncio.Future[Any] | None = None
         committing = False
         try:
             async with self._sessions() as session, session.begin():
@@ -112,19 +115,23 @@ class TxPublisher:
                 deliver_at = None
                 if delay_s is not None:
                     deliver_at = time.time_ns() // 1_000_000 + int(delay_s * 1000)
-                tx = await self._client.prepare(
+                prepare = TxPrepareRequest(
                     topic,
                     encode(result),
-                    producer_group=self.producer_group,
-                    check_url=self.check_url,
-                    tx_id=tx_id,
-                    key=msg_key,
-                    tags=tags,
-                    headers=headers,
+                    self.producer_group,
+                    self.check_url,
+                    tx_id,
+                    msg_key,
+                    tags,
+                    headers or {},
                     timeout_ms=self._timeout_ms,
                     deliver_at_ms=deliver_at,
                 )
+                # The PREPARE and the barrier row overlap: the broker's durable append and the
+                # database's insert run at once. Both must succeed before the commit below.
+                prepared = self._client.submit(Opcode.TX_PREPARE, prepare)
                 await record_commit(session, tx_id, topic, msg_key)
+                await prepared
                 faults.point("before_db_commit")
                 committing = True  # leaving the block commits
             # The database committed: the message must follow.
@@ -134,17 +141,38 @@ class TxPublisher:
                 # The COMMIT itself failed (a dropped connection, a cancellation): it may have
                 # taken effect anyway. Only the barrier knows, so the back-check decides.
                 log.warning("commit of %s failed; its back-check reads the barrier", tx_id)
-            elif tx is not None:  # prepared, but the database did not commit: discard it
-                try:
-                    await tx.rollback()
-                except TxbError as e:  # the back-check will find no barrier row: ROLLBACK
-                    log.warning(
-                        "rollback of %s not confirmed (%s); its back-check decides", tx_id, e
-                    )
+            elif prepared is not None:  # the database did not commit: discard the half message
+                await self._discard(tx_id, prepared)
             raise
-        assert tx is not None  # the database committed, so the PREPARE succeeded
-        try:
-            await tx.commit()
-        except TxbError as e:  # committed locally: the back-check will find the row: COMMIT
-            log.warning("END_TX for %s not confirmed (%s); its back-check commits it", tx_id, e)
+        # Sent, not awaited (as RocketMQ's producer sends its end-transaction one-way): the
+        # outcome is decided by the database commit above, and a lost END_TX is settled by
+        # the back-check, which finds the committed barrier row. Not waiting spares the caller
+        # a round trip and the broker's flush. `flush()` waits for the answers.
+        self._client.submit(Opcode.TX_END, TxEndRequest(tx_id, "commit")).add_done_callback(
+            functools.partial(_end_tx_answered, tx_id)
+        )
         return result
+
+    async def _discard(self, tx_id: str, prepared: asyncio.Future[Any]) -> None:
+        """Roll back a half message whose database transaction did not commit. Whatever is not
+        confirmed here, its back-check settles: it finds no committed barrier row, ROLLBACK."""
+        try:
+            await prepared  # still in flight if the barrier insert failed first
+        except (TxbError, asyncio.CancelledError):
+            return  # not prepared, or not known to be: nothing to roll back here
+        try:
+            await self._client.end_transaction(tx_id, "rollback")
+        except TxbError as e:
+            log.warning("rollback of %s not confirmed (%s); its back-check decides", tx_id, e)
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until the broker has answered every END_TX sent so far (``Client.close``
+        waits too)."""
+        await self._client.drain(timeout_s)
+
+
+def _end_tx_answered(tx_id: str, answer: asyncio.Future[object]) -> None:
+    if answer.cancelled():
+        log.warning("END_TX for %s cancelled; its back-check commits it", tx_id)
+    elif (e := answer.exception()) is not None:  # the back-check will find the row: COMMIT
+        log.warning("END_TX for %s not confirmed (%s); its back-check commits it", tx_id, e)

@@ -20,16 +20,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as create_engine
-from sqlalchemy.util import await_only
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 from checkback.barrier import BarrierResolver, TransactionFenced
-from sdk import Client, Consumer
+from sdk import Client, Consumer, transactional
 from sdk.tables import INBOX, LOCAL_TX
 from sdk.transactional import TxPublisher
 from tests.conftest import ROOT, BrokerProcess
@@ -196,24 +194,24 @@ async def test_crash_after_the_db_commit_is_committed_by_the_check(svc: Service)
 
 
 @contextlib.contextmanager
-def _held_before_barrier_insert(engine: AsyncEngine) -> Iterator[tuple[asyncio.Event, ...]]:
-    """Hold the business transaction after PREPARE, just before its barrier insert: the only
+def _held_before_barrier_insert() -> Iterator[tuple[asyncio.Event, ...]]:
+    """Hold the business transaction just before its barrier insert, until released: the only
     place where a back-check can find no barrier row while the transaction is still open (the
-    business function itself runs before PREPARE, so the broker cannot check it yet)."""
+    business function itself runs before PREPARE, so the broker cannot check it yet). The
+    PREPARE is on its way meanwhile (it overlaps the insert), so the broker can check."""
     reached, release = asyncio.Event(), asyncio.Event()
+    real = transactional.record_commit
 
-    def hold(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith(f"INSERT INTO {LOCAL_TX.name.upper()}"):
-            reached.set()
-            # A sync event hook inside SQLAlchemy's async bridge: wait without blocking the
-            # loop, which serves the check-back endpoint.
-            await_only(release.wait())
+    async def held(*args: Any) -> None:
+        reached.set()
+        await release.wait()
+        await real(*args)
 
-    event.listen(engine.sync_engine, "before_cursor_execute", hold)
+    transactional.record_commit = held
     try:
         yield reached, release
     finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", hold)
+        transactional.record_commit = real
 
 
 async def test_a_check_while_the_db_transaction_is_open(svc: Service) -> None:
@@ -234,7 +232,7 @@ async def test_a_check_while_the_db_transaction_is_open(svc: Service) -> None:
 
             async with business.begin() as conn:
                 await conn.run_sync(ORDERS.metadata.create_all)
-            with _held_before_barrier_insert(business) as (reached, release):
+            with _held_before_barrier_insert() as (reached, release):
                 call = asyncio.ensure_future(place("o1"))
                 try:
                     await asyncio.wait_for(reached.wait(), 10)

@@ -3,9 +3,11 @@ service's real check-back endpoint backed by the barrier."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -16,11 +18,14 @@ from starlette.routing import Route
 from checkback import CheckbackEndpoint
 from checkback.barrier import BarrierResolver
 from sdk import Client, Consumer
-from sdk.client import ConnectionClosed, Transaction
+from sdk.client import ConnectionClosed
+from sdk.tables import LOCAL_TX
 from sdk.transactional import TxPublisher
 from tests.conftest import BrokerProcess
 from tests.httpserver import serve_app
 from tests.tx.conftest import GROUP, SECRET, tx_broker
+from txbroker.errors import NotFound
+from txbroker.protocol.frames import Opcode
 
 ORDERS = sa.Table(
     "orders",
@@ -88,9 +93,14 @@ async def test_lost_end_tx_after_the_db_commit_is_committed_by_the_check(
     service: tuple[BrokerProcess, str, AsyncEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broker, check_url, engine = service
+    submit = Client.submit
 
-    async def lost(self: Transaction) -> None:
-        raise ConnectionClosed("the service died right after its database commit")
+    def lost(self: Client, opcode: Opcode, body: object, **kw: Any) -> asyncio.Future[Any]:
+        if opcode != Opcode.TX_END:
+            return submit(self, opcode, body, **kw)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        answer.set_exception(ConnectionClosed("the service died right after its database commit"))
+        return answer
 
     async with await Client.connect(broker.url) as c:
         await c.create_topic("orders", queues=1)
@@ -101,7 +111,7 @@ async def test_lost_end_tx_after_the_db_commit_is_committed_by_the_check(
             await session.execute(ORDERS.insert().values(id=oid, item="lamp"))
             return oid
 
-        monkeypatch.setattr(Transaction, "commit", lost)
+        monkeypatch.setattr(Client, "submit", lost)
         assert await place("o9") == "o9"  # the service saw its commit succeed
         monkeypatch.undo()
         deadline = time.monotonic() + 15
@@ -113,9 +123,73 @@ async def test_lost_end_tx_after_the_db_commit_is_committed_by_the_check(
 
 
 async def asyncio_sleep(s: float) -> None:
-    import asyncio
-
     await asyncio.sleep(s)  # polling the broker for the check's outcome
+
+
+async def test_the_call_returns_before_end_tx_is_answered_and_flush_waits(
+    service: tuple[BrokerProcess, str, AsyncEngine],
+) -> None:
+    """END_TX is sent, not awaited: when the call returns, its answer may still be on its way;
+    flush() waits for it, after which no transaction is open."""
+    broker, check_url, engine = service
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("orders", queues=2)
+        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
+
+        @pub.transactional("orders")
+        async def place(session: AsyncSession, oid: str) -> str:
+            await session.execute(ORDERS.insert().values(id=oid, item="pen"))
+            return oid
+
+        placed = await asyncio.gather(*(place(f"o{i}") for i in range(20)))
+        assert c._unanswered  # the END_TXs are still in flight
+        await pub.flush(timeout_s=10)
+        assert not c._unanswered
+        assert (await c.list_transactions()).total == 0  # every END_TX answered: none open
+        assert sorted(await _delivered(c)) == sorted(p.encode() for p in placed)
+
+
+async def test_a_refused_prepare_rolls_the_database_back(
+    service: tuple[BrokerProcess, str, AsyncEngine],
+) -> None:
+    """The PREPARE overlaps the barrier insert; when the broker refuses it (no such topic), the
+    database transaction, barrier row included, rolls back."""
+    broker, check_url, engine = service
+    async with await Client.connect(broker.url) as c:
+        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
+
+        @pub.transactional("no-such-topic")
+        async def place(session: AsyncSession, oid: str) -> str:
+            await session.execute(ORDERS.insert().values(id=oid, item="pen"))
+            return oid
+
+        with pytest.raises(NotFound, match="no-such-topic"):
+            await place("o1")
+        assert await _rows(engine) == []
+        async with engine.connect() as conn:
+            assert await conn.scalar(sa.select(sa.func.count()).select_from(LOCAL_TX)) == 0
+        assert (await c.list_transactions()).total == 0
+
+
+async def test_a_function_that_writes_nothing_still_records_its_barrier(
+    service: tuple[BrokerProcess, str, AsyncEngine],
+) -> None:
+    """No statement ran, so no transaction is open on the driver yet: the barrier row goes
+    through SQLAlchemy (which opens it) instead of straight to the driver, and commits."""
+    broker, check_url, engine = service
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("orders", queues=1)
+        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
+
+        @pub.transactional("orders")
+        async def announce(session: AsyncSession) -> str:
+            return "hello"
+
+        assert await announce() == "hello"
+        async with engine.connect() as conn:
+            states = (await conn.scalars(sa.select(LOCAL_TX.c.state))).all()
+        assert states == ["committed"]
+        assert await _delivered(c) == [b"hello"]
 
 
 async def test_a_commit_that_fails_after_taking_effect_is_settled_by_the_check(
