@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import time
 from typing import Any
@@ -250,12 +251,16 @@ class Client:
             fut = asyncio.get_running_loop().create_task(
                 self.request(opcode, body, timeout_s=timeout_s)
             )
+            fut.add_done_callback(self._unanswered.discard)
         else:
             corr, fut = self._submit(opcode, body, timeout_s)
-            fut.add_done_callback(lambda _: self._forget(corr))
+            fut.add_done_callback(functools.partial(self._submitted_done, corr))
         self._unanswered.add(fut)
-        fut.add_done_callback(self._unanswered.discard)
         return fut
+
+    def _submitted_done(self, corr: int, fut: asyncio.Future[Any]) -> None:
+        self._forget(corr)
+        self._unanswered.discard(fut)
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Wait (at most ``timeout_s``) until every request sent by :meth:`submit` is answered
