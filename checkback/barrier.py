@@ -18,7 +18,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from starlette.applications import Starlette
@@ -92,9 +92,10 @@ def _open_asyncpg_transaction(conn: AsyncConnection | AsyncSession) -> Any:
     finding the connection without ``await session.connection()`` skips two greenlet switches
     (on CPython 3.11 each maps and unmaps a fresh frame-stack chunk): together they were about
     as much CPU as everything else @transactional adds (`txbroker bench service`)."""
+    sync: Connection | None
     if isinstance(conn, AsyncSession):
         tx = conn.sync_session.get_transaction()
-        held = getattr(tx, "connections", None)  # SQLAlchemy 2.1+; never acquires one
+        held = tx.connections if tx is not None else None  # never acquires a connection
         if not held or len(held) != 1:
             return None
         sync = next(iter(held))
