@@ -48,6 +48,7 @@ from txbroker.protocol.messages import (
     decode_response,
     encode_body,
 )
+from txbroker.turnwriter import TurnWriter
 
 __all__ = ["Client", "ConnectionClosed", "RequestTimeout", "Transaction", "parse_server_url"]
 
@@ -101,7 +102,7 @@ class Client:
         self._closed: TxbError | None = ConnectionClosed("not connected yet")
         self._user_closed = False
         self._writer: asyncio.StreamWriter | None = None
-        self._unsent: list[bytes] = []  # frames of this turn of the event loop (see _write)
+        self._out: TurnWriter | None = None  # one per connection
         self._unanswered: set[asyncio.Future[Any]] = set()  # requests nobody awaits
         # Kept, not looked up per request: get_running_loop() is a getpid() system call.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,8 +132,9 @@ class Client:
             raise ConnectionClosed(f"cannot connect to {self._host}:{self._port}: {e}") from e
         self._writer = writer
         self._loop = asyncio.get_running_loop()
+        self._out = TurnWriter(self._loop, writer.write)
         self._closed = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+        self._reader_task = self._loop.create_task(self._read_loop(reader))
         try:
             await self._send_request(
                 Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
@@ -211,33 +213,20 @@ class Client:
         if self._closed is not None:
             raise self._closed
         corr = next(self._ids) & 0xFFFFFFFF
-        loop = self._loop
-        assert loop is not None  # connected
+        loop, out = self._loop, self._out
+        assert loop is not None and out is not None  # connected
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[corr] = (opcode, fut)
         if timeout_s is not None:
             self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = loop.create_task(self._sweep())
-        self._write(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)), loop)
+        out.add(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
         return corr, fut
 
     def _forget(self, corr: int) -> None:
         self._pending.pop(corr, None)
         self._deadlines.pop(corr, None)
-
-    def _write(self, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        """Frames queued in one turn of the event loop leave together at its end, in one
-        write: concurrent callers (a service's requests) share a system call, which cost
-        about as much CPU as the rest of a request (`txbroker bench service`)."""
-        self._unsent.append(frame)
-        if len(self._unsent) == 1:
-            loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        frames, self._unsent = self._unsent, []
-        if frames and self._closed is None and self._writer is not None:
-            self._writer.write(b"".join(frames))
 
     def submit(
         self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0
@@ -316,7 +305,8 @@ class Client:
     def _fail(self, err: TxbError) -> None:
         if self._closed is None:
             self._closed = err
-        self._unsent.clear()  # their requests fail below; a new connection must not send them
+        if self._out is not None:
+            self._out.clear()  # their requests fail below; a new connection must not send them
         for _, fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)

@@ -9,8 +9,9 @@
         await session.execute(orders.insert().values(**order))
         return order  # the message body (JSON), sent only if this commits
 
-Per call, in one database transaction: run the function, PREPARE the half message (its result
-is the body), insert the barrier row, commit; then END_TX(commit). A failure before the
+Per call, in one database transaction: run the function, then PREPARE the half message (its
+result is the body) while inserting the barrier row, and commit once both succeeded; then
+END_TX(commit), sent without waiting for its answer (``flush()`` waits). A failure before the
 database commit rolls back both (the half message is rolled back, or, if even that fails, its
 back-check finds no barrier row and answers ROLLBACK). A failure after the commit (the END_TX
 is lost) is left to the back-check, which finds the committed barrier row: COMMIT.

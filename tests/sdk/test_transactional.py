@@ -114,16 +114,17 @@ async def test_lost_end_tx_after_the_db_commit_is_committed_by_the_check(
         monkeypatch.setattr(Client, "submit", lost)
         assert await place("o9") == "o9"  # the service saw its commit succeed
         monkeypatch.undo()
-        deadline = time.monotonic() + 15
-        while (await c.list_transactions()).total:
-            assert time.monotonic() < deadline, "the back-check never resolved it"
-            await asyncio_sleep(0.1)
+        await _settled_by_the_check(c)
         assert await _rows(engine) == ["o9"]
         assert await _delivered(c) == [b"o9"]
 
 
-async def asyncio_sleep(s: float) -> None:
-    await asyncio.sleep(s)  # polling the broker for the check's outcome
+async def _settled_by_the_check(c: Client, timeout_s: float = 15) -> None:
+    """Wait (bounded) until the broker has no open transaction: the back-check resolved it."""
+    deadline = time.monotonic() + timeout_s
+    while (await c.list_transactions()).total:
+        assert time.monotonic() < deadline, "the back-check never resolved it"
+        await asyncio.sleep(0.1)  # polling the broker: it has no event for a check's outcome
 
 
 async def test_the_call_returns_before_end_tx_is_answered_and_flush_waits(
@@ -221,9 +222,6 @@ async def test_a_commit_that_fails_after_taking_effect_is_settled_by_the_check(
 
         with pytest.raises(ConnectionResetError):
             await place("o7")
-        deadline = time.monotonic() + 15
-        while (await c.list_transactions()).total:
-            assert time.monotonic() < deadline, "the back-check never resolved it"
-            await asyncio_sleep(0.1)
+        await _settled_by_the_check(c)
         assert await _rows(engine) == ["o7"]
         assert await _delivered(c) == [b"o7"]  # committed order, delivered message

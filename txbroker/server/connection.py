@@ -19,6 +19,7 @@ from txbroker.errors import BadRequest, Internal, ProtocolError, TxbError, Unaut
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
+from txbroker.turnwriter import TurnWriter
 
 __all__ = ["Connection", "Handler"]
 
@@ -47,7 +48,7 @@ class Connection(asyncio.Protocol):
         self._decoder = FrameDecoder()
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # get_running_loop() is a getpid()
-        self._unsent: list[bytes] = []  # answers of this turn of the event loop (see _send)
+        self._out: TurnWriter | None = None
         self._authenticated = auth_token is None
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading_paused = False
@@ -60,6 +61,7 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement the interface without subclassing asyncio.Transport.
         self._transport = cast(asyncio.Transport, transport)
         self._loop = asyncio.get_running_loop()
+        self._out = TurnWriter(self._loop, self._write_now)
         self._connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -151,20 +153,17 @@ class Connection(asyncio.Protocol):
         self._send(encode_frame(kind, opcode, corr_id, body))
 
     def _send(self, frame: bytes) -> None:
-        """Answers made in one turn of the event loop leave together at its end, in one write.
-        A group commit wakes all its waiters in one turn; a write per answer was a system call
-        each here and a wake-up each for the client (`txbroker bench service`)."""
-        if self._transport is None or self._transport.is_closing():
-            return
-        self._unsent.append(frame)
-        if len(self._unsent) == 1:
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
+        if self._out is not None:  # connected
+            self._out.add(frame)
+
+    def _write_now(self, data: bytes) -> None:
+        """The TurnWriter's output; what reaches a closing transport is dropped."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
 
     def _flush(self) -> None:
-        frames, self._unsent = self._unsent, []
-        if frames and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(frames))
+        if self._out is not None:
+            self._out.flush()
 
     def _reply_error(self, frame: Frame, err: TxbError) -> None:
         body = encode_body(ErrorBody(err.code, str(err), err.retriable))
