@@ -228,6 +228,7 @@ def _bench_service(args: argparse.Namespace) -> int:
         runs=args.runs,
         broker_flush=args.broker_flush,
         data_root=Path(args.data_dir) if args.data_dir else None,
+        breakdown=args.breakdown,
     )
     res = bench_service(opts, progress=not args.json)
     print(json.dumps(res) if args.json else format_summary(res, opts))
@@ -471,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
     bsv.add_argument("--broker-flush", choices=["sync", "async"], default="sync")
     bsv.add_argument("--runs", type=_positive, default=3)
     bsv.add_argument("--data-dir", help="broker data and SQLite files (default: $TMPDIR)")
+    bsv.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the barrier row alone and the PREPARE/END_TX messages alone (diagnostic)",
+    )
     bsv.add_argument("--json", action="store_true")
     bsv.set_defaults(func=_bench_service)
 

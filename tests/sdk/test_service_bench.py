@@ -14,6 +14,7 @@ from sdk.tables import LOCAL_TX
 from tests.conftest import IN_CI, run_cli
 from tests.sdk.conftest import PG_URL
 from txbroker.bench.service_bench import (
+    BREAKDOWN_MODES,
     ServiceBenchOptions,
     ServiceBenchResult,
     bench_service,
@@ -62,6 +63,36 @@ def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
     assert "@transactional" in text_out
     assert "txbroker bench service --orders 40 --concurrency 4" in text_out
     assert not list(tmp_path.iterdir())  # the broker's data and the SQLite file are gone
+
+
+def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path) -> None:
+    opts = ServiceBenchOptions(
+        orders=24,
+        concurrency=4,
+        latency_orders=20,
+        latency_rate=100,
+        runs=1,
+        slices=2,
+        data_root=tmp_path,
+        breakdown=True,
+    )
+    res = bench_service(opts, progress=False)
+    m = res["median"]
+    assert isinstance(m, dict)
+    assert set(m["breakdown_ratio"]) == set(m["breakdown_per_s"]) == set(BREAKDOWN_MODES)
+    for mode in BREAKDOWN_MODES:
+        assert m["breakdown_per_s"][mode] > 0 and m["cpu_us_per_order"][mode] > 0
+        assert m["breakdown_ratio"][mode] == pytest.approx(
+            m["breakdown_per_s"][mode] / m["baseline_per_s"], rel=0.01
+        )
+    # "messages-only" publishes (warm-up and timed orders, each checked applied once) on top
+    # of the two messaging modes; "barrier-only" publishes nothing (verified: no applied rows).
+    assert m["applied_once"] == 2 * (2 * 4 + 24 + 20) + (2 * 4 + 24)
+    assert m["back_checks"] == 0
+    text_out = format_summary(res, opts)
+    assert "barrier-only" in text_out and "messages-only" in text_out
+    assert text_out.count("(diagnostic)") == 2
+    assert "--breakdown" in text_out
 
 
 async def test_verify_fails_a_run_with_a_lost_duplicate_or_orphan_message(

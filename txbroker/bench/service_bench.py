@@ -23,6 +23,12 @@ applies the phase's messages afterwards, untimed. ``cpu_us_per_order`` is this p
 time per order in the timed slices (the callers; for the outbox also the relay): when it is
 close to 1e6 / orders_per_s, the service's own CPU is what limits its throughput.
 
+``breakdown`` adds two diagnostic modes to the throughput phase, each one half of what
+@transactional adds to the baseline: ``barrier-only`` (the insert plus the barrier row, no
+messaging) and ``messages-only`` (the insert with PREPARE awaited before the commit and END_TX
+sent after it, as @transactional does, but no barrier row). Their ratios show where the cost
+lies; neither is a safe way to publish (``messages-only`` has nothing for a back-check to find).
+
 Commit-to-applied latency is measured in a separate phase, at a fixed rate (open loop, at most
 ``concurrency`` in flight), with the subscriber running: the throughput phase builds a backlog
 on purpose, and its latency would measure that backlog. The rate is ``latency_rate``, or half
@@ -57,11 +63,11 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from checkback.barrier import BarrierResolver
+from checkback.barrier import BarrierResolver, record_commit
 from sdk import Client, ConsumedMessage, outbox
 from sdk.database import create_engine
 from sdk.subscriber import Subscribers
-from sdk.transactional import TxPublisher
+from sdk.transactional import TxPublisher, encode_body
 from txbroker.bench.broker_bench import (
     WARMUP_FRACTION,
     _pcts,
@@ -78,8 +84,12 @@ from txbroker.bench.service_db import (
     verify,
 )
 from txbroker.httpserve import serving
+from txbroker.ids import new_id
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import TxEndRequest, TxPrepareRequest
 
 __all__ = [
+    "BREAKDOWN_MODES",
     "MODES",
     "ServiceBenchOptions",
     "ServiceBenchResult",
@@ -89,6 +99,7 @@ __all__ = [
 ]
 
 MODES: Final = ("baseline", "transactional", "outbox")
+BREAKDOWN_MODES: Final = ("barrier-only", "messages-only")
 GROUP: Final = "bench-orders"
 SECRET: Final = "bench-service-secret"
 TX_TOPIC: Final = "bench-tx"
@@ -111,6 +122,11 @@ class ServiceBenchOptions:
     broker_flush: str = "sync"
     data_root: Path | None = None
     slices: int = 4  # timed slices per mode per run
+    breakdown: bool = False  # also time BREAKDOWN_MODES
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return MODES + BREAKDOWN_MODES if self.breakdown else MODES
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,9 @@ class ServiceBenchResult:
     # The service process's CPU (callers, relay, check endpoint) per order in timed slices:
     # when it is near 1e6 / orders_per_s, the service's CPU is what limits throughput.
     cpu_us_per_order: dict[str, float]
+    # With ``breakdown``: orders/s of each BREAKDOWN_MODES mode over the baseline's, per run.
+    breakdown_ratio: dict[str, float]
+    breakdown_per_s: dict[str, float]
 
 
 class _StampedSession(Session):
@@ -218,12 +237,15 @@ class _ServiceRun:
             subscriber_engine, expire_on_commit=False, sync_session_class=_StampedSession
         )
         publisher_client, relay_client, self.sub_client = clients
+        self._publisher_client = publisher_client
+        self._check_url = check_url
         self.relay = outbox.Relay(relay_client, engine, namespace="bench")
         self.stamps = _Stamps()
-        self.placed = dict.fromkeys(MODES, 0)
+        self.modes = opts.modes
+        self.placed = dict.fromkeys(self.modes, 0)
         self.outbox_added = 0
         self.backlog = 0
-        self.cpu_s = dict.fromkeys(MODES, 0.0)  # this process's CPU in timed slices
+        self.cpu_s = dict.fromkeys(self.modes, 0.0)  # this process's CPU in timed slices
         publisher = TxPublisher(
             publisher_client, self.sessions, producer_group=GROUP, check_url=check_url
         )
@@ -232,6 +254,8 @@ class _ServiceRun:
             "baseline": self._place_baseline,
             "transactional": self._place_transactional,
             "outbox": self._place_outbox,
+            "barrier-only": self._place_barrier_only,
+            "messages-only": self._place_messages_only,
         }
 
     async def _insert(self, session: AsyncSession, order: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +280,26 @@ class _ServiceRun:
             await outbox.add(session, OUTBOX_TOPIC, order, key=order_id)
         self.placed["outbox"] += 1
         self.outbox_added += 1
+
+    async def _place_barrier_only(self, order_id: str) -> None:
+        async with self.sessions() as session, session.begin():
+            await self._insert(session, _order(order_id, "barrier-only"))
+            await record_commit(session, new_id(), TX_TOPIC, order_id)
+        self.placed["barrier-only"] += 1
+
+    async def _place_messages_only(self, order_id: str) -> None:
+        tx_id = new_id()
+        client = self._publisher_client
+        async with self.sessions() as session, session.begin():
+            order = await self._insert(session, _order(order_id, "messages-only"))
+            await client.submit(
+                Opcode.TX_PREPARE,
+                TxPrepareRequest(
+                    TX_TOPIC, encode_body(order), GROUP, self._check_url, tx_id, order_id
+                ),
+            )
+        client.submit(Opcode.TX_END, TxEndRequest(tx_id, "commit"))
+        self.placed["messages-only"] += 1
 
     async def _apply(self, session: AsyncSession, msg: ConsumedMessage) -> None:
         order = _decode.decode(msg.body)
@@ -347,12 +391,12 @@ class _ServiceRun:
 
     async def verify(self, modes: Iterable[str]) -> None:
         for mode in modes:
-            await verify(self.engine, mode, self.placed[mode], messaging=mode != "baseline")
+            await verify(self.engine, mode, self.placed[mode], messaging=_messaging(mode))
 
 
-def _rotated(offset: int) -> tuple[str, ...]:
-    k = offset % len(MODES)
-    return MODES[k:] + MODES[:k]
+def _rotated(modes: tuple[str, ...], offset: int) -> tuple[str, ...]:
+    k = offset % len(modes)
+    return modes[k:] + modes[:k]
 
 
 async def _throughput(run: _ServiceRun, run_index: int) -> dict[str, float]:
@@ -360,24 +404,28 @@ async def _throughput(run: _ServiceRun, run_index: int) -> dict[str, float]:
     then the subscriber applies everything and the sanity check runs."""
     opts = run.opts
     applied: list[str] = []
-    for mode in MODES:
+    for mode in run.modes:
         ids = [f"{mode}-warm-{i}" for i in range(2 * opts.concurrency)]
         await run.timed_slice(mode, ids)
         await run.relay_caught_up()
-        applied += ids if mode != "baseline" else []
-    seconds = dict.fromkeys(MODES, 0.0)
-    run.cpu_s = dict.fromkeys(MODES, 0.0)  # not the warm-up's
+        applied += ids if _messaging(mode) else []
+    seconds = dict.fromkeys(run.modes, 0.0)
+    run.cpu_s = dict.fromkeys(run.modes, 0.0)  # not the warm-up's
     bounds = [opts.orders * s // opts.slices for s in range(opts.slices + 1)]
     for s in range(opts.slices):
-        for mode in _rotated(run_index + s):
+        for mode in _rotated(run.modes, run_index + s):
             ids = [f"{mode}-{i}" for i in range(bounds[s], bounds[s + 1])]
             seconds[mode] += await run.timed_slice(mode, ids)
             # Untimed: its publishing must not spill into the next mode's slice.
             await run.relay_caught_up()
-            applied += ids if mode != "baseline" else []
+            applied += ids if _messaging(mode) else []
     await run.applied(applied)  # untimed: another service's work
-    await run.verify(MODES)
-    return {mode: opts.orders / seconds[mode] for mode in MODES}
+    await run.verify(run.modes)
+    return {mode: opts.orders / seconds[mode] for mode in run.modes}
+
+
+def _messaging(mode: str) -> bool:
+    return mode not in ("baseline", "barrier-only")
 
 
 async def _latency(
@@ -386,7 +434,7 @@ async def _latency(
     """(achieved rate, commit-to-applied seconds after warm-up) per messaging mode."""
     n = run.opts.latency_orders
     out: dict[str, tuple[float, list[float]]] = {}
-    for mode in _rotated(run_index):
+    for mode in _rotated(MODES, run_index):
         if mode == "baseline":
             continue
         ids = [f"{mode}-lat-{i}" for i in range(n)]
@@ -454,9 +502,17 @@ async def _one_run(
                 back_checks=resolver.checks,
                 outbox_backlog=run.backlog,
                 relay_duplicates=run.relay.duplicates,
-                applied_once=run.placed["transactional"] + run.placed["outbox"],
+                applied_once=sum(run.placed[m] for m in run.modes if _messaging(m)),
                 cpu_us_per_order={
-                    mode: round(run.cpu_s[mode] / opts.orders * 1e6) for mode in MODES
+                    mode: round(run.cpu_s[mode] / opts.orders * 1e6) for mode in run.modes
+                },
+                breakdown_ratio={
+                    mode: round(rates[mode] / rates["baseline"], 3)
+                    for mode in BREAKDOWN_MODES
+                    if mode in rates
+                },
+                breakdown_per_s={
+                    mode: round(rates[mode]) for mode in BREAKDOWN_MODES if mode in rates
                 },
             )
         finally:
@@ -493,6 +549,8 @@ def command_line(opts: ServiceBenchOptions) -> str:
         f"--broker-flush {opts.broker_flush}",
         f"--runs {opts.runs}",
     ]
+    if opts.breakdown:
+        parts.append("--breakdown")
     return " ".join(parts)
 
 
@@ -514,7 +572,13 @@ def format_summary(res: dict[str, object], opts: ServiceBenchOptions) -> str:
         f"  {'outbox':<16}{m['outbox_per_s']:>10,.0f}{m['outbox_ratio']:>13.2f}"
         f"{cpu['outbox']:>8,.0f} us"
         f"   {ol['p50_ms']:.1f} ms, {ol['p99_ms']:.1f} ms at {at['outbox']:,.0f} orders/s\n"
-        f"  back-checks {int(m['back_checks'])}; outbox backlog when its callers finished: "
+        + "".join(
+            f"  {mode:<16}{m['breakdown_per_s'][mode]:>10,.0f}"
+            f"{m['breakdown_ratio'][mode]:>13.2f}{cpu[mode]:>8,.0f} us   (diagnostic)\n"
+            for mode in BREAKDOWN_MODES
+            if mode in m["breakdown_ratio"]
+        )
+        + f"  back-checks {int(m['back_checks'])}; outbox backlog when its callers finished: "
         f"{int(m['outbox_backlog'])} rows; relay duplicates {int(m['relay_duplicates'])}; "
         f"{int(m['applied_once']):,} orders per run applied exactly once (checked)\n"
         f"  Throughput: callers place orders as fast as they can, in slices that rotate the "
