@@ -50,7 +50,14 @@ from txbroker.protocol.messages import (
 )
 from txbroker.turnwriter import TurnWriter
 
-__all__ = ["Client", "ConnectionClosed", "RequestTimeout", "Transaction", "parse_server_url"]
+__all__ = [
+    "Client",
+    "ConnectionClosed",
+    "RequestTimeout",
+    "Transaction",
+    "parse_server_url",
+    "prepare_request",
+]
 
 DEFAULT_PORT = 9876
 # Deadlines are checked this often: a timeout fires at most this much late.
@@ -73,6 +80,38 @@ def parse_server_url(url: str) -> tuple[str, int]:
     if parts.scheme != "txb" or not parts.hostname:
         raise InvalidArgument(f"server address must look like txb://host:port, not {url!r}")
     return parts.hostname, parts.port or DEFAULT_PORT
+
+
+def prepare_request(
+    topic: str,
+    body: bytes,
+    *,
+    producer_group: str,
+    check_url: str,
+    tx_id: str | None = None,
+    key: str | None = None,
+    tags: str | None = None,
+    headers: dict[str, str] | None = None,
+    traceparent: str | None = None,
+    timeout_ms: int | None = None,
+    deliver_at_ms: int | None = None,
+) -> TxPrepareRequest:
+    """The PREPARE request (:meth:`Client.prepare` sends it and waits; ``@transactional``
+    submits it without waiting, to overlap it with the barrier insert)."""
+    return TxPrepareRequest(
+        topic,
+        body,
+        producer_group,
+        check_url,
+        tx_id or new_id(),
+        key,
+        tags,
+        headers or {},
+        None,  # message_id: the broker's
+        traceparent,
+        timeout_ms,
+        deliver_at_ms,
+    )
 
 
 class Client:
@@ -373,19 +412,18 @@ class Client:
     ) -> Transaction:
         """PREPARE a half message. ``tx_id`` defaults to a new time-ordered id (UUIDv7 hex);
         pass your own to record it (e.g. in the barrier table) before preparing."""
-        req = TxPrepareRequest(
+        req = prepare_request(
             topic,
             body,
-            producer_group,
-            check_url,
-            tx_id or new_id(),
-            key,
-            tags,
-            headers or {},
-            None,
-            traceparent,
-            timeout_ms,
-            deliver_at_ms,
+            producer_group=producer_group,
+            check_url=check_url,
+            tx_id=tx_id,
+            key=key,
+            tags=tags,
+            headers=headers,
+            traceparent=traceparent,
+            timeout_ms=timeout_ms,
+            deliver_at_ms=deliver_at_ms,
         )
         res: TxPrepareResponse = await self.request(Opcode.TX_PREPARE, req)
         return Transaction(self, res.tx_id, res.message_id)

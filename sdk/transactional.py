@@ -31,11 +31,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from checkback.barrier import record_commit
 from sdk import faults
-from sdk.client import Client
+from sdk.client import Client, prepare_request
 from txbroker.errors import TxbError
 from txbroker.ids import new_id
 from txbroker.protocol.frames import Opcode
-from txbroker.protocol.messages import TxEndRequest, TxPrepareRequest
+from txbroker.protocol.messages import TxEndRequest
 
 __all__ = ["TxPublisher", "encode_body"]
 
@@ -116,15 +116,15 @@ class TxPublisher:
                 deliver_at = None
                 if delay_s is not None:
                     deliver_at = time.time_ns() // 1_000_000 + int(delay_s * 1000)
-                prepare = TxPrepareRequest(
+                prepare = prepare_request(
                     topic,
                     encode(result),
-                    self.producer_group,
-                    self.check_url,
-                    tx_id,
-                    msg_key,
-                    tags,
-                    headers or {},
+                    producer_group=self.producer_group,
+                    check_url=self.check_url,
+                    tx_id=tx_id,
+                    key=msg_key,
+                    tags=tags,
+                    headers=headers,
                     timeout_ms=self._timeout_ms,
                     deliver_at_ms=deliver_at,
                 )

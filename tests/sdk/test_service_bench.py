@@ -32,16 +32,22 @@ from txbroker.db import async_url
 from txbroker.errors import InvalidArgument
 
 
-def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
-    opts = ServiceBenchOptions(
-        orders=40,
+def _tiny(tmp_path: Path, orders: int, *, breakdown: bool = False) -> ServiceBenchOptions:
+    """One run on SQLite, 4 callers, 2 slices: seconds, not minutes."""
+    return ServiceBenchOptions(
+        orders=orders,
         concurrency=4,
         latency_orders=20,
         latency_rate=100,
         runs=1,
         slices=2,
         data_root=tmp_path,
+        breakdown=breakdown,
     )
+
+
+def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
+    opts = _tiny(tmp_path, 40)
     res = bench_service(opts, progress=False)
     assert res["runs"] == 1
     m = res["median"]
@@ -59,23 +65,15 @@ def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
     # phase; each checked against the database to have been applied exactly once.
     assert m["applied_once"] == 2 * (2 * 4 + 40 + 20)
     assert m["back_checks"] == 0 and m["relay_duplicates"] == 0
+    assert m["breakdown_ratio"] == m["breakdown_per_s"] == {}  # not asked for
     text_out = format_summary(res, opts)
-    assert "@transactional" in text_out
+    assert "@transactional" in text_out and "(diagnostic)" not in text_out
     assert "txbroker bench service --orders 40 --concurrency 4" in text_out
     assert not list(tmp_path.iterdir())  # the broker's data and the SQLite file are gone
 
 
 def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path) -> None:
-    opts = ServiceBenchOptions(
-        orders=24,
-        concurrency=4,
-        latency_orders=20,
-        latency_rate=100,
-        runs=1,
-        slices=2,
-        data_root=tmp_path,
-        breakdown=True,
-    )
+    opts = _tiny(tmp_path, 24, breakdown=True)
     res = bench_service(opts, progress=False)
     m = res["median"]
     assert isinstance(m, dict)

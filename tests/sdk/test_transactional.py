@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +104,27 @@ async def test_lost_end_tx_after_the_db_commit_is_committed_by_the_check(
 
     async with await Client.connect(broker.url) as c:
         await c.create_topic("orders", queues=1)
-        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
-
-        @pub.transactional("orders")
-        async def place(session: AsyncSession, oid: str) -> str:
-            await session.execute(ORDERS.insert().values(id=oid, item="lamp"))
-            return oid
-
+        _, place = _order_placer(c, engine, check_url)
         monkeypatch.setattr(Client, "submit", lost)
         assert await place("o9") == "o9"  # the service saw its commit succeed
         monkeypatch.undo()
         await _settled_by_the_check(c)
         assert await _rows(engine) == ["o9"]
         assert await _delivered(c) == [b"o9"]
+
+
+def _order_placer(
+    c: Client, engine: AsyncEngine, check_url: str, topic: str = "orders"
+) -> tuple[TxPublisher, Callable[[str], Awaitable[str]]]:
+    """A publisher and its @transactional order insert, whose message body is the order id."""
+    pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
+
+    @pub.transactional(topic)
+    async def place(session: AsyncSession, oid: str) -> str:
+        await session.execute(ORDERS.insert().values(id=oid, item="lamp"))
+        return oid
+
+    return pub, place
 
 
 async def _settled_by_the_check(c: Client, timeout_s: float = 15) -> None:
@@ -135,13 +143,7 @@ async def test_the_call_returns_before_end_tx_is_answered_and_flush_waits(
     broker, check_url, engine = service
     async with await Client.connect(broker.url) as c:
         await c.create_topic("orders", queues=2)
-        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
-
-        @pub.transactional("orders")
-        async def place(session: AsyncSession, oid: str) -> str:
-            await session.execute(ORDERS.insert().values(id=oid, item="pen"))
-            return oid
-
+        pub, place = _order_placer(c, engine, check_url)
         placed = await asyncio.gather(*(place(f"o{i}") for i in range(20)))
         assert c._unanswered  # the END_TXs are still in flight
         await pub.flush(timeout_s=10)
@@ -157,13 +159,7 @@ async def test_a_refused_prepare_rolls_the_database_back(
     database transaction, barrier row included, rolls back."""
     broker, check_url, engine = service
     async with await Client.connect(broker.url) as c:
-        pub = TxPublisher(c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url)
-
-        @pub.transactional("no-such-topic")
-        async def place(session: AsyncSession, oid: str) -> str:
-            await session.execute(ORDERS.insert().values(id=oid, item="pen"))
-            return oid
-
+        _, place = _order_placer(c, engine, check_url, topic="no-such-topic")
         with pytest.raises(NotFound, match="no-such-topic"):
             await place("o1")
         assert await _rows(engine) == []

@@ -86,7 +86,7 @@ from txbroker.bench.service_db import (
 from txbroker.httpserve import serving
 from txbroker.ids import new_id
 from txbroker.protocol.frames import Opcode
-from txbroker.protocol.messages import TxEndRequest, TxPrepareRequest
+from txbroker.protocol.messages import TxEndRequest
 
 __all__ = [
     "BREAKDOWN_MODES",
@@ -288,17 +288,17 @@ class _ServiceRun:
         self.placed["barrier-only"] += 1
 
     async def _place_messages_only(self, order_id: str) -> None:
-        tx_id = new_id()
         client = self._publisher_client
         async with self.sessions() as session, session.begin():
             order = await self._insert(session, _order(order_id, "messages-only"))
-            await client.submit(
-                Opcode.TX_PREPARE,
-                TxPrepareRequest(
-                    TX_TOPIC, encode_body(order), GROUP, self._check_url, tx_id, order_id
-                ),
+            tx = await client.prepare(
+                TX_TOPIC,
+                encode_body(order),
+                producer_group=GROUP,
+                check_url=self._check_url,
+                key=order_id,
             )
-        client.submit(Opcode.TX_END, TxEndRequest(tx_id, "commit"))
+        client.submit(Opcode.TX_END, TxEndRequest(tx.tx_id, "commit"))  # unawaited, as there
         self.placed["messages-only"] += 1
 
     async def _apply(self, session: AsyncSession, msg: ConsumedMessage) -> None:
