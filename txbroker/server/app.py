@@ -16,7 +16,7 @@ from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.groups import GroupCoordinator
-from txbroker.server.handlers import build_handlers
+from txbroker.server.handlers import build_direct_handlers, build_handlers
 from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
@@ -117,6 +117,7 @@ class BrokerServer:
         self.tx.on_prepared = self.checker.schedule
         self.checker.start()
         handlers = build_handlers(self.store, self.topics, producer, self.consumer, retry, self.tx)
+        direct = build_direct_handlers(self.tx)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
         def hello(_: Hello) -> HelloOk:
@@ -125,7 +126,11 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(
-                handlers, auth_token=cfg.auth_token, hello=hello, connections=self._connections
+                handlers,
+                auth_token=cfg.auth_token,
+                hello=hello,
+                connections=self._connections,
+                direct=direct,
             ),
             cfg.host,
             cfg.port,

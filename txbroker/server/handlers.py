@@ -36,7 +36,7 @@ from txbroker.protocol.messages import (
     TxPrepareResponse,
     TxResolveRequest,
 )
-from txbroker.server.connection import Handler
+from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
@@ -45,7 +45,7 @@ from txbroker.store import MessageStore
 from txbroker.tx.coordinator import TxCoordinator, tx_info
 from txbroker.tx.state import Decision, Resolver, TxState
 
-__all__ = ["build_handlers"]
+__all__ = ["build_direct_handlers", "build_handlers"]
 
 
 def build_handlers(
@@ -114,11 +114,7 @@ def build_handlers(
         return await tx.prepare(req)
 
     async def tx_end(req: TxEndRequest) -> TxEndResponse:
-        try:
-            decision = Decision(req.decision)
-        except ValueError as e:
-            raise InvalidArgument("decision must be commit or rollback") from e
-        return await tx.end(req.tx_id, decision, Resolver.PRODUCER)
+        return await tx.end(req.tx_id, _decision(req), Resolver.PRODUCER)
 
     async def tx_list(req: TxListRequest) -> TxListResponse:
         if req.state not in (None, "", "prepared", "parked"):
@@ -161,3 +157,23 @@ def build_handlers(
         Opcode.SEND: send,
         Opcode.SEND_BATCH: send_batch,
     }
+
+
+def build_direct_handlers(tx: TxCoordinator) -> dict[int, DirectHandler]:
+    """The task-free fronts of the hot transactional requests (see ``connection.py``); each
+    returns None where the handler above must answer."""
+
+    def tx_prepare(req: TxPrepareRequest) -> object:
+        return tx.prepare_nowait(req)
+
+    def tx_end(req: TxEndRequest) -> object:
+        return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
+
+    return {Opcode.TX_PREPARE: tx_prepare, Opcode.TX_END: tx_end}
+
+
+def _decision(req: TxEndRequest) -> Decision:
+    try:
+        return Decision(req.decision)
+    except ValueError as e:
+        raise InvalidArgument("decision must be commit or rollback") from e

@@ -445,6 +445,11 @@ class MessageStore:
         cq = self.queues.get((topic, queue_id))
         return (cq.min_offset, cq.max_offset) if cq else (0, 0)
 
+    def may_hold(self, kind: KeyKind, key: str) -> bool:
+        """False when no message has ``key`` (no I/O); True means :meth:`lookup` may find one
+        (the index matches 64-bit hashes, so a True is checked by reading the record)."""
+        return bool(self.index.find(kind, key, 1))
+
     async def lookup(
         self, kind: KeyKind, key: str, *, limit: int = 32, since_ms: int = 0
     ) -> list[StoredMessage]:

@@ -25,13 +25,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
 
 from txbroker.errors import (
     InvalidArgument,
+    StoreFailed,
     TooManyTransactions,
     TransactionConflict,
     TransactionNotFound,
@@ -95,6 +96,10 @@ _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # are answered from their decision records (txend:<tx>) through the index.
 RECENT_MAX: Final = 100_000
 SCAN_BATCH: Final = 512
+# Producer groups and check URLs validated once are remembered (up to this many each), so a
+# PREPARE re-validates only names it has not seen.
+SEEN_MAX: Final = 4096
+_A = TypeVar("_A", TxPrepareResponse, TxEndResponse)
 # Plain ints: IntFlag arithmetic runs in Python and showed up on the append path.
 _TX_HALF: Final = int(RecordFlag.TX_HALF)
 _TX_OP: Final = int(RecordFlag.TX_OP)
@@ -145,6 +150,8 @@ class TxCoordinator:
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
         self._cached_bytes = 0
+        self._groups_seen: set[str] = set()
+        self._urls_seen: set[str] = set()
 
     # --- secrets ---
 
@@ -153,22 +160,23 @@ class TxCoordinator:
 
     # --- prepare ---
 
+    def prepare_nowait(
+        self, req: TxPrepareRequest
+    ) -> TxPrepareResponse | asyncio.Future[TxPrepareResponse] | None:
+        """PREPARE without a task: the answer (async flush) or a future of it (sync flush,
+        resolved by the group commit). None when only :meth:`prepare` can answer, because it
+        must wait or read: a retried PREPARE, or an id the index may hold as already ended."""
+        tx_id, timeout = self._check_prepare(req)
+        if (
+            tx_id in self.open
+            or tx_id in self._recent
+            or self._store.may_hold(KeyKind.INTERNAL, f"txend:{tx_id}")
+        ):
+            return None
+        return self._write_half(req, tx_id, timeout)
+
     async def prepare(self, req: TxPrepareRequest) -> TxPrepareResponse:
-        validate_topic(req.producer_group, allow_system=False)
-        if self.secret_for(req.producer_group) is None:
-            raise InvalidArgument(
-                f"no check-back secret is configured for producer group {req.producer_group!r} "
-                "(serve --tx-secret GROUP=SECRET)"
-            )
-        url = urlsplit(req.check_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise InvalidArgument(f"check_url must be an http(s) URL, not {req.check_url!r}")
-        timeout = self.settings.timeout_ms if req.timeout_ms is None else req.timeout_ms
-        if not 0 < timeout <= self.settings.max_timeout_ms:
-            raise InvalidArgument(f"timeout_ms must be 1..{self.settings.max_timeout_ms}")
-        tx_id = req.tx_id or new_id()
-        if _TX_ID.fullmatch(tx_id) is None:
-            raise InvalidArgument("tx_id must be 1-64 characters of A-Z a-z 0-9 _ -")
+        tx_id, timeout = self._check_prepare(req)
         existing = self.open.get(tx_id) or self._recent.get(tx_id)
         if existing is not None:
             if existing.state is TxState.PREPARED and existing.topic == req.topic:
@@ -176,13 +184,47 @@ class TxCoordinator:
                     await asyncio.shield(existing.pending)  # the first PREPARE's group commit
                 return TxPrepareResponse(tx_id, existing.message_id)  # a retried PREPARE
             raise TransactionConflict(f"transaction {tx_id} exists and is {existing.state.value}")
+        if await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1):
+            raise TransactionConflict(f"transaction {tx_id} has already ended")
+        answer = self._write_half(req, tx_id, timeout)
+        return answer if isinstance(answer, TxPrepareResponse) else await answer
+
+    def _check_prepare(self, req: TxPrepareRequest) -> tuple[str, int]:
+        """Validate what a PREPARE names; its transaction id (chosen here if the client did
+        not) and timeout."""
+        group = req.producer_group
+        if group not in self._groups_seen:
+            validate_topic(group, allow_system=False)
+            if self.secret_for(group) is None:
+                raise InvalidArgument(
+                    f"no check-back secret is configured for producer group {group!r} "
+                    "(serve --tx-secret GROUP=SECRET)"
+                )
+            if len(self._groups_seen) < SEEN_MAX:
+                self._groups_seen.add(group)
+        if req.check_url not in self._urls_seen:
+            url = urlsplit(req.check_url)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise InvalidArgument(f"check_url must be an http(s) URL, not {req.check_url!r}")
+            if len(self._urls_seen) < SEEN_MAX:
+                self._urls_seen.add(req.check_url)
+        timeout = self.settings.timeout_ms if req.timeout_ms is None else req.timeout_ms
+        if not 0 < timeout <= self.settings.max_timeout_ms:
+            raise InvalidArgument(f"timeout_ms must be 1..{self.settings.max_timeout_ms}")
+        tx_id = req.tx_id or new_id()
+        if _TX_ID.fullmatch(tx_id) is None:
+            raise InvalidArgument("tx_id must be 1-64 characters of A-Z a-z 0-9 _ -")
+        return tx_id, timeout
+
+    def _write_half(
+        self, req: TxPrepareRequest, tx_id: str, timeout: int
+    ) -> TxPrepareResponse | asyncio.Future[TxPrepareResponse]:
+        """Append the half record of a new transaction and open it; the answer, once durable."""
         if len(self.open) >= self.settings.max_open:
             raise TooManyTransactions(
                 f"{len(self.open)} transactions are open (limit {self.settings.max_open}): end "
                 "some, or resolve parked ones"
             )
-        if await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1):
-            raise TransactionConflict(f"transaction {tx_id} has already ended")
         send = SendRequest(
             req.topic, req.body, req.key, req.tags, req.headers, None, req.message_id
         )
@@ -234,32 +276,59 @@ class TxCoordinator:
         # snapshot taken meanwhile must not skip past this half record.
         self.open[tx_id] = tx
         self.snapshot.mark()
-        durable = self._store.durable()
-        if durable is not None:
-            tx.pending = durable
-            try:
-                await asyncio.shield(durable)
-            except BaseException:
-                if not durable.done() or durable.exception() is not None:
-                    self._forget(tx)  # never became durable: not prepared
-                raise
-            finally:
-                tx.pending = None
+        return self._once_durable(tx, TxPrepareResponse(tx_id, mid), self._prepared, self._forget)
+
+    def _prepared(self, tx: Tx) -> None:
         self.counters["prepared"] += 1
         self.on_prepared(tx)
-        return TxPrepareResponse(tx_id, mid)
+
+    def _once_durable(
+        self,
+        tx: Tx,
+        answer: _A,
+        on_durable: Callable[[Tx], None],
+        on_lost: Callable[[Tx], None],
+    ) -> _A | asyncio.Future[_A]:
+        """``answer`` once what was just appended for ``tx`` is durable: at once in async flush
+        mode, else a future the group commit resolves. The bookkeeping (``on_durable``, or
+        ``on_lost`` if the store failed) hangs on the group commit itself, never on whoever
+        waits for the answer: a client that disconnects cancels its answer, not the outcome."""
+        durable = self._store.durable()
+        if durable is None:  # async flush: written is as good as it gets
+            on_durable(tx)
+            return answer
+        out: asyncio.Future[_A] = durable.get_loop().create_future()
+
+        def settled(f: asyncio.Future[None]) -> None:
+            tx.pending = None
+            failure: BaseException | None = (
+                StoreFailed("the group commit was cancelled") if f.cancelled() else f.exception()
+            )
+            if failure is not None:
+                on_lost(tx)  # nothing is known durable
+                if not out.done():
+                    out.set_exception(failure)
+                return
+            on_durable(tx)
+            if not out.done():
+                out.set_result(answer)
+
+        tx.pending = durable  # what a concurrent request for the same transaction waits for
+        durable.add_done_callback(settled)
+        return out
 
     # --- resolution ---
 
-    async def end(
+    def end_nowait(
         self, tx_id: str, decision: Decision, by: Resolver, reason: str = ""
-    ) -> TxEndResponse:
-        """Commit or roll back, fenced: same decision again is a no-op, another is refused."""
+    ) -> TxEndResponse | asyncio.Future[TxEndResponse] | None:
+        """:meth:`end` without a task: the answer (async flush, or a repeated decision) or a
+        future of it (sync flush). None when only :meth:`end` can answer, because it must wait
+        or read: the transaction is not in memory, is being written, or its body is not cached.
+        """
         tx = self.open.get(tx_id) or self._recent.get(tx_id)
-        if tx is None:
-            return await self._end_unknown(tx_id, decision)
-        if tx.pending is not None:
-            await asyncio.shield(tx.pending)  # a PREPARE or a resolution still being written
+        if tx is None or tx.pending is not None:
+            return None
         if tx.ended:
             if tx.state is decision.state:
                 return TxEndResponse(tx_id, tx.state.value, tx.resolved_by, duplicate=True)
@@ -268,17 +337,33 @@ class TxCoordinator:
                 f"{decision.value} refused"
             )
         if decision is Decision.COMMIT and tx.half is None:
-            # Not cached (large, or over the cache budget): read the half back first, then
-            # decide again, since another resolution may have run while we read.
-            stored = await self._store.read(tx.half_phys)
-            tx.half = (stored.body, stored.properties, stored.born_timestamp_ms)
-            self._cached_bytes += len(stored.body)
-            return await self.end(tx_id, decision, by, reason)
+            return None
         before = tx.state
         transition(tx, decision.state)  # guarded, synchronous: a racing END_TX sees it at once
         tx.resolved_by = by.value
         tx.last_reason = reason
-        return await self._resolve(tx, decision, by, reason, before)
+        return self._resolve(tx, decision, by, reason, before)
+
+    async def end(
+        self, tx_id: str, decision: Decision, by: Resolver, reason: str = ""
+    ) -> TxEndResponse:
+        """Commit or roll back, fenced: same decision again is a no-op, another is refused."""
+        answer = self.end_nowait(tx_id, decision, by, reason)
+        if answer is not None:
+            return answer if isinstance(answer, TxEndResponse) else await answer
+        tx = self.open.get(tx_id) or self._recent.get(tx_id)
+        if tx is None:
+            return await self._end_unknown(tx_id, decision)
+        if tx.pending is not None:
+            await asyncio.shield(tx.pending)  # a PREPARE or a resolution still being written
+        else:
+            # A commit whose body is not cached (large, or over the cache budget): read the
+            # half back first, then decide again, since another resolution may run meanwhile.
+            stored = await self._store.read(tx.half_phys)
+            if tx.half is None:
+                tx.half = (stored.body, stored.properties, stored.born_timestamp_ms)
+                self._cached_bytes += len(stored.body)
+        return await self.end(tx_id, decision, by, reason)
 
     async def _end_unknown(self, tx_id: str, decision: Decision) -> TxEndResponse:
         found = await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1)
@@ -291,37 +376,26 @@ class TxCoordinator:
             return TxEndResponse(tx_id, decision.state.value, by, duplicate=True)
         raise TransactionConflict(f"transaction {tx_id} ended with {ended}")
 
-    async def _resolve(
+    def _resolve(
         self, tx: Tx, decision: Decision, by: Resolver, reason: str, before: TxState
-    ) -> TxEndResponse:
-        """Append the decision record now (synchronously), then wait for its group commit.
-        Bookkeeping hangs on the group commit itself, so a client that disconnects mid-way
-        cancels only its wait, not the outcome."""
+    ) -> TxEndResponse | asyncio.Future[TxEndResponse]:
+        """Append the decision record now (synchronously); answer once it is durable."""
         try:
             target = self._append_decision_now(tx, decision, by, reason)
         except BaseException:
             transition_back(tx, before)  # validation failed before anything was written
             raise
-        durable = self._store.durable()
-        if durable is None:  # async flush: written is as good as it gets
-            self._finish(tx)
-            if target is not None:
-                self._on_visible(*target)
-            return TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
 
-        def settled(f: asyncio.Future[None]) -> None:
-            tx.pending = None
-            if f.cancelled() or f.exception() is not None:
-                transition_back(tx, before)  # the store failed: nothing is known durable
-                return
+        def resolved(tx: Tx) -> None:
             self._finish(tx)
             if target is not None:
                 self._on_visible(*target)
 
-        tx.pending = durable
-        durable.add_done_callback(settled)
-        await asyncio.shield(durable)
-        return TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
+        def lost(tx: Tx) -> None:
+            transition_back(tx, before)  # the store failed: nothing is known durable
+
+        answer = TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
+        return self._once_durable(tx, answer, resolved, lost)
 
     def _append_decision_now(
         self, tx: Tx, decision: Decision, by: Resolver, why: str
