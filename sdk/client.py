@@ -334,8 +334,11 @@ class Client:
                     if frame.kind == FrameKind.ERROR:
                         err = decode_error(frame.body)
                         fut.set_exception(error_class(err.code)(err.message))
-                    else:
+                        continue
+                    try:
                         fut.set_result(decode_response(opcode, frame.body))
+                    except TxbError as e:  # an unreadable answer fails its request, not the loop
+                        fut.set_exception(e)
         except ProtocolError as e:
             self._fail(e)
         except OSError as e:

@@ -103,7 +103,8 @@ async def test_what_must_wait_or_read_is_left_to_the_async_path(
     assert (await prepared).message_id == retried.message_id
     # An id the broker does not hold in memory: only the async path reads the index.
     assert coordinator.end_nowait("tx-unknown", Decision.COMMIT, Resolver.PRODUCER) is None
-    # An ended id is refused by either path, and nothing new is written for it.
+    # An ended id is left to the async path, which refuses it; nothing new is written for it.
+    assert coordinator.prepare_nowait(_prepare("tx-1")) is None
     with pytest.raises(TransactionConflict):
-        coordinator.prepare_nowait(_prepare("tx-1")) or await coordinator.prepare(_prepare("tx-1"))
+        await coordinator.prepare(_prepare("tx-1"))
     assert coordinator._store.queue_range("orders", 0) == (0, 1)

@@ -2,9 +2,9 @@
 
 The protocol object owns only I/O concerns: the sans-IO decoder, the auth gate, per-connection
 bounds and error frames. What a request does is the broker's (``handlers.py``). A request runs
-as a task of its handler, or, for the hot transactional opcodes, through a *direct* handler
-called at once that answers now or with a future (a group commit): no task, which measured a
-seventh of the broker's CPU per transaction (``txbroker bench service``). A malformed
+as a task of its handler, or, for TX_PREPARE and TX_END, through a *direct* handler called at
+once that answers now or with a future the group commit resolves: no task, coroutine chain or
+shield per request (docs/architecture.md, "Connections", has what that saved). A malformed
 stream gets one STREAM error frame and the connection is closed; a bad request gets an error
 frame for that request and the connection stays open. Nothing a client sends can take the server
 down: every handler failure is turned into an error frame here.
@@ -201,12 +201,14 @@ class Connection(asyncio.Protocol):
             self._out.flush()
 
     def _answer(self, frame: Frame, result: Any) -> None:
+        # Encoded inside the error handling: an answer too large for a frame is answered as
+        # FRAME_TOO_LARGE instead of never.
         try:
-            body = encode_body(result)
+            out = encode_frame(FrameKind.RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
         except Exception as e:
             self._reply_failure(frame, e)
             return
-        self._write(FrameKind.RESPONSE, frame.opcode, frame.corr_id, body)
+        self._send(out)
 
     def _reply_failure(self, frame: Frame, e: BaseException) -> None:
         """An error frame for a request that failed: its own error, or Internal for a bug."""

@@ -163,13 +163,10 @@ def build_direct_handlers(tx: TxCoordinator) -> dict[int, DirectHandler]:
     """The task-free fronts of the hot transactional requests (see ``connection.py``); each
     returns None where the handler above must answer."""
 
-    def tx_prepare(req: TxPrepareRequest) -> object:
-        return tx.prepare_nowait(req)
-
     def tx_end(req: TxEndRequest) -> object:
         return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
-    return {Opcode.TX_PREPARE: tx_prepare, Opcode.TX_END: tx_end}
+    return {Opcode.TX_PREPARE: tx.prepare_nowait, Opcode.TX_END: tx_end}
 
 
 def _decision(req: TxEndRequest) -> Decision:
