@@ -229,6 +229,7 @@ def _bench_service(args: argparse.Namespace) -> int:
         broker_flush=args.broker_flush,
         data_root=Path(args.data_dir) if args.data_dir else None,
         breakdown=args.breakdown,
+        gc_freeze=args.gc_freeze,
     )
     res = bench_service(opts, progress=not args.json)
     print(json.dumps(res) if args.json else format_summary(res, opts))
@@ -476,6 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--breakdown",
         action="store_true",
         help="also time the barrier row alone and the PREPARE/END_TX messages alone (diagnostic)",
+    )
+    bsv.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() the service's heap after the warm-up, as a tuned long-running service "
+        "may (default: not frozen)",
     )
     bsv.add_argument("--json", action="store_true")
     bsv.set_defaults(func=_bench_service)

@@ -4,6 +4,7 @@ broken run from reporting figures."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.conftest import IN_CI, run_cli
 from tests.sdk.conftest import PG_URL
 from txbroker.bench.service_bench import (
     BREAKDOWN_MODES,
+    MODES,
     ServiceBenchOptions,
     ServiceBenchResult,
     bench_service,
@@ -32,7 +34,9 @@ from txbroker.db import async_url
 from txbroker.errors import InvalidArgument
 
 
-def _tiny(tmp_path: Path, orders: int, *, breakdown: bool = False) -> ServiceBenchOptions:
+def _tiny(
+    tmp_path: Path, orders: int, *, breakdown: bool = False, gc_freeze: bool = False
+) -> ServiceBenchOptions:
     """One run on SQLite, 4 callers, 2 slices: seconds, not minutes."""
     return ServiceBenchOptions(
         orders=orders,
@@ -43,6 +47,7 @@ def _tiny(tmp_path: Path, orders: int, *, breakdown: bool = False) -> ServiceBen
         slices=2,
         data_root=tmp_path,
         breakdown=breakdown,
+        gc_freeze=gc_freeze,
     )
 
 
@@ -66,6 +71,9 @@ def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
     assert m["applied_once"] == 2 * (2 * 4 + 40 + 20)
     assert m["back_checks"] == 0 and m["relay_duplicates"] == 0
     assert m["breakdown_ratio"] == m["breakdown_per_s"] == {}  # not asked for
+    assert m["gc_frozen_objects"] == 0  # not asked for
+    assert set(m["gc_us_per_order"]) == {"baseline", "transactional", "outbox"}
+    assert all(0 <= m["gc_us_per_order"][k] <= m["cpu_us_per_order"][k] for k in MODES)
     text_out = format_summary(res, opts)
     assert "@transactional" in text_out and "(diagnostic)" not in text_out
     assert "txbroker bench service --orders 40 --concurrency 4" in text_out
@@ -91,6 +99,17 @@ def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path)
     assert "barrier-only" in text_out and "messages-only" in text_out
     assert text_out.count("(diagnostic)") == 2
     assert "--breakdown" in text_out
+
+
+def test_gc_freeze_freezes_the_warm_heap_for_the_run_and_thaws_it_after(tmp_path: Path) -> None:
+    opts = _tiny(tmp_path, 24, gc_freeze=True)
+    res = bench_service(opts, progress=False)
+    m = res["median"]
+    assert isinstance(m, dict)
+    assert m["gc_frozen_objects"] > 10_000  # the modules, classes and engines, at least
+    assert gc.get_freeze_count() == 0  # a later run (or test) starts from a normal heap
+    text_out = format_summary(res, opts)
+    assert "--gc-freeze" in text_out and "heap frozen after the warm-up" in text_out
 
 
 async def test_verify_fails_a_run_with_a_lost_duplicate_or_orphan_message(

@@ -22,6 +22,12 @@ during the throughput phase, because in this process it would take the callers' 
 applies the phase's messages afterwards, untimed. ``cpu_us_per_order`` is this process's CPU
 time per order in the timed slices (the callers; for the outbox also the relay): when it is
 close to 1e6 / orders_per_s, the service's own CPU is what limits its throughput.
+``gc_us_per_order`` is the part of it spent in the cyclic garbage collector (``gc.callbacks``).
+
+``gc_freeze`` freezes the process's heap after the warm-up (``gc.freeze()``: what is alive then,
+mostly modules, classes and the engines, is never scanned again), as a long-running service may
+do after its start-up. Without it, every full collection rescans that heap (about 90,000 objects
+here). The freeze is undone when the run ends.
 
 ``breakdown`` adds two diagnostic modes to the throughput phase, each one half of what
 @transactional adds to the baseline: ``barrier-only`` (the insert plus the barrier row, no
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -123,6 +130,7 @@ class ServiceBenchOptions:
     data_root: Path | None = None
     slices: int = 4  # timed slices per mode per run
     breakdown: bool = False  # also time BREAKDOWN_MODES
+    gc_freeze: bool = False  # gc.freeze() after the warm-up (see the module docstring)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -152,6 +160,9 @@ class ServiceBenchResult:
     # The service process's CPU (callers, relay, check endpoint) per order in timed slices:
     # when it is near 1e6 / orders_per_s, the service's CPU is what limits throughput.
     cpu_us_per_order: dict[str, float]
+    # The part of it spent in the cyclic garbage collector, and how many objects were frozen.
+    gc_us_per_order: dict[str, float]
+    gc_frozen_objects: int
     # With ``breakdown``: orders/s of each BREAKDOWN_MODES mode over the baseline's, per run.
     breakdown_ratio: dict[str, float]
     breakdown_per_s: dict[str, float]
@@ -174,6 +185,27 @@ def _after_commit(session: Session) -> None:
     callback = session.info.pop("on_committed", None)
     if callback is not None:
         callback(time.perf_counter())
+
+
+class _GcClock:
+    """Seconds this process has spent in the cyclic garbage collector while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self) -> _GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 class _CountingResolver:
@@ -246,6 +278,8 @@ class _ServiceRun:
         self.outbox_added = 0
         self.backlog = 0
         self.cpu_s = dict.fromkeys(self.modes, 0.0)  # this process's CPU in timed slices
+        self.gc_s = dict.fromkeys(self.modes, 0.0)  # the part of it in the garbage collector
+        self.gc_clock = _GcClock()
         publisher = TxPublisher(
             publisher_client, self.sessions, producer_group=GROUP, check_url=check_url
         )
@@ -314,12 +348,13 @@ class _ServiceRun:
             for order_id in todo:
                 await self.place[mode](order_id)
 
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0, cpu0, gc0 = time.perf_counter(), time.process_time(), self.gc_clock.seconds
         async with asyncio.TaskGroup() as tg:
             for _ in range(self.opts.concurrency):
                 tg.create_task(caller())
         elapsed = time.perf_counter() - t0
         self.cpu_s[mode] += time.process_time() - cpu0
+        self.gc_s[mode] += self.gc_clock.seconds - gc0
         if mode == "outbox":
             self.backlog = max(self.backlog, self.outbox_added - self.relay.published)
         return elapsed
@@ -409,8 +444,12 @@ async def _throughput(run: _ServiceRun, run_index: int) -> dict[str, float]:
         await run.timed_slice(mode, ids)
         await run.relay_caught_up()
         applied += ids if _messaging(mode) else []
+    if opts.gc_freeze:
+        gc.collect()  # untimed; what survives it is frozen
+        gc.freeze()
     seconds = dict.fromkeys(run.modes, 0.0)
     run.cpu_s = dict.fromkeys(run.modes, 0.0)  # not the warm-up's
+    run.gc_s = dict.fromkeys(run.modes, 0.0)
     bounds = [opts.orders * s // opts.slices for s in range(opts.slices + 1)]
     for s in range(opts.slices):
         for mode in _rotated(run.modes, run_index + s):
@@ -478,9 +517,13 @@ async def _one_run(
                 stop_relay = asyncio.Event()
                 relay = asyncio.create_task(run.relay.run(stop_relay))
                 try:
-                    rates = await _throughput(run, run_index)
-                    latency = await _latency(run, run_index, rates)
+                    with run.gc_clock:
+                        rates = await _throughput(run, run_index)
+                        frozen = gc.get_freeze_count()
+                        latency = await _latency(run, run_index, rates)
                 finally:
+                    if opts.gc_freeze:
+                        gc.unfreeze()
                     stop_relay.set()
                     async with asyncio.timeout(60):
                         await relay
@@ -506,6 +549,10 @@ async def _one_run(
                 cpu_us_per_order={
                     mode: round(run.cpu_s[mode] / opts.orders * 1e6) for mode in run.modes
                 },
+                gc_us_per_order={
+                    mode: round(run.gc_s[mode] / opts.orders * 1e6, 1) for mode in run.modes
+                },
+                gc_frozen_objects=frozen,
                 breakdown_ratio={
                     mode: round(rates[mode] / rates["baseline"], 3)
                     for mode in BREAKDOWN_MODES
@@ -551,6 +598,8 @@ def command_line(opts: ServiceBenchOptions) -> str:
     ]
     if opts.breakdown:
         parts.append("--breakdown")
+    if opts.gc_freeze:
+        parts.append("--gc-freeze")
     return " ".join(parts)
 
 
@@ -558,23 +607,27 @@ def format_summary(res: dict[str, object], opts: ServiceBenchOptions) -> str:
     m = res["median"]
     assert isinstance(m, dict)
     tl, ol = m["transactional_latency"], m["outbox_latency"]
-    at, cpu = m["latency_achieved_per_s"], m["cpu_us_per_order"]
+    at, cpu, gcu = m["latency_achieved_per_s"], m["cpu_us_per_order"], m["gc_us_per_order"]
+
+    def cost(mode: str) -> str:
+        return f"{cpu[mode]:>8,.0f} us{gcu[mode]:>6,.0f} us"
+
+    frozen = int(m["gc_frozen_objects"])
     return (
         f"service bench: {int(m['orders']):,} orders per mode, {int(m['concurrency'])} callers, "
         f"{m['database']}, broker flush={m['broker_flush']} (median of {res['runs']} runs)\n"
         f"  command: {command_line(opts)}\n"
-        f"  {'mode':<16}{'orders/s':>10}{'vs baseline':>13}{'CPU/order':>11}"
+        f"  {'mode':<16}{'orders/s':>10}{'vs baseline':>13}{'CPU/order':>11}{'GC':>9}"
         f"   commit-to-applied p50, p99\n"
-        f"  {'baseline':<16}{m['baseline_per_s']:>10,.0f}{1:>13.2f}{cpu['baseline']:>8,.0f} us\n"
+        f"  {'baseline':<16}{m['baseline_per_s']:>10,.0f}{1:>13.2f}{cost('baseline')}\n"
         f"  {'@transactional':<16}{m['transactional_per_s']:>10,.0f}"
-        f"{m['transactional_ratio']:>13.2f}{cpu['transactional']:>8,.0f} us"
+        f"{m['transactional_ratio']:>13.2f}{cost('transactional')}"
         f"   {tl['p50_ms']:.1f} ms, {tl['p99_ms']:.1f} ms at {at['transactional']:,.0f} orders/s\n"
-        f"  {'outbox':<16}{m['outbox_per_s']:>10,.0f}{m['outbox_ratio']:>13.2f}"
-        f"{cpu['outbox']:>8,.0f} us"
+        f"  {'outbox':<16}{m['outbox_per_s']:>10,.0f}{m['outbox_ratio']:>13.2f}{cost('outbox')}"
         f"   {ol['p50_ms']:.1f} ms, {ol['p99_ms']:.1f} ms at {at['outbox']:,.0f} orders/s\n"
         + "".join(
             f"  {mode:<16}{m['breakdown_per_s'][mode]:>10,.0f}"
-            f"{m['breakdown_ratio'][mode]:>13.2f}{cpu[mode]:>8,.0f} us   (diagnostic)\n"
+            f"{m['breakdown_ratio'][mode]:>13.2f}{cost(mode)}   (diagnostic)\n"
             for mode in BREAKDOWN_MODES
             if mode in m["breakdown_ratio"]
         )
@@ -584,6 +637,9 @@ def format_summary(res: dict[str, object], opts: ServiceBenchOptions) -> str:
         f"  Throughput: callers place orders as fast as they can, in slices that rotate the "
         f"modes, while the subscriber is idle;\n"
         f"  the ratios are per run. CPU/order: this (the service's) process, in the timed "
-        f"slices. Latency: a separate phase\n  at a fixed rate (at most half the mode's "
-        f"throughput), from the business COMMIT starting to the subscriber's commit."
+        f"slices; GC: the part of it in the\n"
+        f"  garbage collector ("
+        + (f"heap frozen after the warm-up: {frozen:,} objects" if frozen else "heap not frozen")
+        + ").\n  Latency: a separate phase at a fixed rate (at most half the mode's throughput), "
+        "from the business COMMIT starting\n  to the subscriber's commit."
     )
