@@ -19,6 +19,7 @@ from txbroker.bench.service_bench import (
     MODES,
     ServiceBenchOptions,
     ServiceBenchResult,
+    _GcClock,
     bench_service,
     format_summary,
 )
@@ -99,6 +100,16 @@ def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path)
     assert "barrier-only" in text_out and "messages-only" in text_out
     assert text_out.count("(diagnostic)") == 2
     assert "--breakdown" in text_out
+
+
+def test_the_gc_clock_counts_collections_only_while_installed() -> None:
+    with _GcClock() as clock:
+        gc.collect()
+        during = clock.seconds
+    assert during > 0
+    assert clock._callback not in gc.callbacks
+    gc.collect()
+    assert clock.seconds == during
 
 
 def test_gc_freeze_freezes_the_warm_heap_for_the_run_and_thaws_it_after(tmp_path: Path) -> None:
