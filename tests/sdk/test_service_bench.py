@@ -17,16 +17,20 @@ from tests.sdk.conftest import PG_URL
 from txbroker.bench.service_bench import (
     BREAKDOWN_MODES,
     MODES,
+    PG_CALLERS,
+    SQLITE_CALLERS,
     ServiceBenchOptions,
     ServiceBenchResult,
     _GcClock,
     bench_service,
+    command_line,
     format_summary,
 )
 from txbroker.bench.service_db import (
     APPLIED,
     ORDERS,
     BenchFailed,
+    check_connections,
     create_tables,
     throwaway_database,
     verify,
@@ -75,7 +79,13 @@ def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
     assert m["gc_frozen_objects"] == 0  # not asked for
     assert set(m["gc_us_per_order"]) == {"baseline", "transactional", "outbox"}
     assert all(0 <= m["gc_us_per_order"][k] <= m["cpu_us_per_order"][k] for k in MODES)
+    # busy = CPU over wall: the callers ran, and a process cannot use more than its one core
+    # (the relay's thread-free asyncio shares it), give or take the clocks' granularity.
+    assert all(0 < m["busy"][k] <= 1.05 for k in MODES)
+    (only,) = res["all"]
+    assert isinstance(only, dict)
     text_out = format_summary(res, opts)
+    assert f"run by run: {only['transactional_ratio']:.2f}\n" in text_out
     assert "@transactional" in text_out and "(diagnostic)" not in text_out
     assert "txbroker bench service --orders 40 --concurrency 4" in text_out
     assert not list(tmp_path.iterdir())  # the broker's data and the SQLite file are gone
@@ -100,6 +110,13 @@ def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path)
     assert "barrier-only" in text_out and "messages-only" in text_out
     assert text_out.count("(diagnostic)") == 2
     assert "--breakdown" in text_out
+
+
+def test_the_default_callers_follow_the_database() -> None:
+    assert ServiceBenchOptions().callers == SQLITE_CALLERS
+    assert ServiceBenchOptions(database_url=PG_URL).callers == PG_CALLERS
+    assert ServiceBenchOptions(database_url=PG_URL, concurrency=3).callers == 3
+    assert "--concurrency 64" in command_line(ServiceBenchOptions(database_url=PG_URL))
 
 
 def test_the_gc_clock_counts_collections_only_while_installed() -> None:
@@ -181,6 +198,27 @@ async def test_a_postgresql_url_gets_a_throwaway_database_dropped_afterwards() -
             assert (await conn.execute(gone)).first() is None
     finally:
         await admin.dispose()
+
+
+async def test_more_callers_than_the_server_has_connections_for_are_refused_up_front() -> None:
+    try:
+        await check_connections(PG_URL, 2, "--concurrency 1")  # room for two: passes
+    except OSError as e:
+        if IN_CI:
+            raise
+        pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
+    with pytest.raises(InvalidArgument, match=r"--concurrency 9999 needs up to 100000 conn"):
+        await check_connections(PG_URL, 100_000, "--concurrency 9999")
+
+
+def test_the_cli_refuses_more_callers_than_connections_before_starting_anything() -> None:
+    out = run_cli("bench", "service", "--database-url", PG_URL, "--concurrency", "100000")
+    if "needs up to" not in out.stderr and "Connect call failed" in out.stderr and not IN_CI:
+        pytest.skip(f"PostgreSQL not available at {PG_URL}")
+    assert out.returncode == 2, out.stderr
+    assert "--concurrency 100000 needs up to" in out.stderr
+    assert "max_connections" in out.stderr
+    assert "run 1/" not in out.stderr  # no broker was started
 
 
 async def test_a_url_that_is_not_postgresql_is_refused() -> None:

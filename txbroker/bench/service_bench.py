@@ -10,7 +10,11 @@ the same fresh database and a fresh broker (`txbroker serve` child process):
 * outbox: the same insert plus ``outbox.add`` in one transaction, with a ``Relay`` in this
   process publishing meanwhile.
 
-Throughput: ``concurrency`` callers place orders as fast as they can. Each mode's orders are
+Throughput: ``concurrency`` callers place orders as fast as they can: by default 64 on
+PostgreSQL, enough for every mode to reach its peak (the baseline's orders/s is flat from 16
+callers up; @transactional's rises to 64, because each order also waits on the broker and the
+broker's group commit and the client's frames batch more as more orders are in flight), and 16
+on SQLite, which takes one writer at a time. Each mode's orders are
 cut into slices, run in rotating mode order, so every mode meets the same (noisy, shared)
 machine; after an untimed warm-up slice per mode (pools, prepared statements, topics).
 orders/s = orders / time from the first call of a slice to the last caller's return, summed
@@ -21,7 +25,8 @@ starts once it has caught up. The subscriber (another service in production) doe
 during the throughput phase, because in this process it would take the callers' CPU; it
 applies the phase's messages afterwards, untimed. ``cpu_us_per_order`` is this process's CPU
 time per order in the timed slices (the callers; for the outbox also the relay): when it is
-close to 1e6 / orders_per_s, the service's own CPU is what limits its throughput.
+close to 1e6 / orders_per_s, the service's own CPU is what limits its throughput;
+``busy`` is that fraction (this process's CPU time over the slices' wall time).
 ``gc_us_per_order`` is the part of it spent in the cyclic garbage collector (``gc.callbacks``).
 
 ``gc_freeze`` freezes the process's heap after the warm-up (``gc.freeze()``: what is alive then,
@@ -85,6 +90,7 @@ from txbroker.bench.service_db import (
     APPLIED,
     ORDERS,
     BenchFailed,
+    check_connections,
     create_tables,
     postgresql_server,
     throwaway_database,
@@ -115,6 +121,9 @@ OUTBOX_TOPIC: Final = "bench-outbox"
 # and its connections (two subscriptions' worth) must fit PostgreSQL's max_connections beside
 # the callers' pool.
 SUBSCRIBER_CONCURRENCY: Final = 8
+# Default callers (see the module docstring).
+PG_CALLERS: Final = 64
+SQLITE_CALLERS: Final = 16
 _decode = msgspec.json.Decoder()
 
 
@@ -122,7 +131,7 @@ _decode = msgspec.json.Decoder()
 class ServiceBenchOptions:
     database_url: str | None = None  # None: a SQLite file; else a PostgreSQL server
     orders: int = 5000  # per mode per run
-    concurrency: int = 16
+    concurrency: int | None = None  # None: PG_CALLERS on PostgreSQL, SQLITE_CALLERS on SQLite
     latency_orders: int = 1000  # per messaging mode per run
     latency_rate: int = 200  # orders/s in the latency phase
     runs: int = 3
@@ -131,6 +140,12 @@ class ServiceBenchOptions:
     slices: int = 4  # timed slices per mode per run
     breakdown: bool = False  # also time BREAKDOWN_MODES
     gc_freeze: bool = False  # gc.freeze() after the warm-up (see the module docstring)
+
+    @property
+    def callers(self) -> int:
+        if self.concurrency is not None:
+            return self.concurrency
+        return SQLITE_CALLERS if self.database_url is None else PG_CALLERS
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -160,6 +175,8 @@ class ServiceBenchResult:
     # The service process's CPU (callers, relay, check endpoint) per order in timed slices:
     # when it is near 1e6 / orders_per_s, the service's CPU is what limits throughput.
     cpu_us_per_order: dict[str, float]
+    # That CPU time over the slices' wall time: near 1.0, the service's one core is the limit.
+    busy: dict[str, float]
     # The part of it spent in the cyclic garbage collector, and how many objects were frozen.
     gc_us_per_order: dict[str, float]
     gc_frozen_objects: int
@@ -278,6 +295,7 @@ class _ServiceRun:
         self.outbox_added = 0
         self.backlog = 0
         self.cpu_s = dict.fromkeys(self.modes, 0.0)  # this process's CPU in timed slices
+        self.wall_s = dict.fromkeys(self.modes, 0.0)  # the slices' wall time
         self.gc_s = dict.fromkeys(self.modes, 0.0)  # the part of it in the garbage collector
         self.gc_clock = _GcClock()
         publisher = TxPublisher(
@@ -350,10 +368,11 @@ class _ServiceRun:
 
         t0, cpu0, gc0 = time.perf_counter(), time.process_time(), self.gc_clock.seconds
         async with asyncio.TaskGroup() as tg:
-            for _ in range(self.opts.concurrency):
+            for _ in range(self.opts.callers):
                 tg.create_task(caller())
         elapsed = time.perf_counter() - t0
         self.cpu_s[mode] += time.process_time() - cpu0
+        self.wall_s[mode] += elapsed
         self.gc_s[mode] += self.gc_clock.seconds - gc0
         if mode == "outbox":
             self.backlog = max(self.backlog, self.outbox_added - self.relay.published)
@@ -373,7 +392,7 @@ class _ServiceRun:
     async def paced(self, mode: str, ids: list[str], rate: float) -> float:
         """Place ``ids`` at ``rate`` per second (at most ``concurrency`` in flight); the rate
         achieved."""
-        slots = asyncio.Semaphore(self.opts.concurrency)
+        slots = asyncio.Semaphore(self.opts.callers)
 
         async def one(order_id: str) -> None:
             try:
@@ -440,7 +459,7 @@ async def _throughput(run: _ServiceRun, run_index: int) -> dict[str, float]:
     opts = run.opts
     applied: list[str] = []
     for mode in run.modes:
-        ids = [f"{mode}-warm-{i}" for i in range(2 * opts.concurrency)]
+        ids = [f"{mode}-warm-{i}" for i in range(2 * opts.callers)]
         await run.timed_slice(mode, ids)
         await run.relay_caught_up()
         applied += ids if _messaging(mode) else []
@@ -449,6 +468,7 @@ async def _throughput(run: _ServiceRun, run_index: int) -> dict[str, float]:
         gc.freeze()
     seconds = dict.fromkeys(run.modes, 0.0)
     run.cpu_s = dict.fromkeys(run.modes, 0.0)  # not the warm-up's
+    run.wall_s = dict.fromkeys(run.modes, 0.0)
     run.gc_s = dict.fromkeys(run.modes, 0.0)
     bounds = [opts.orders * s // opts.slices for s in range(opts.slices + 1)]
     for s in range(opts.slices):
@@ -488,10 +508,9 @@ async def _one_run(
     broker_url: str, opts: ServiceBenchOptions, run_index: int
 ) -> ServiceBenchResult:
     async with throwaway_database(opts.database_url, opts.data_root) as db_url:
-        # Every caller holds a connection through its transaction (through PREPARE, too), plus
-        # the relay's claim and LISTEN connections and the check endpoint's.
-        engine = create_engine(db_url, pool_size=opts.concurrency + 4, max_overflow=4)
-        sub_engine = create_engine(db_url, pool_size=2 * SUBSCRIBER_CONCURRENCY, max_overflow=2)
+        service_pool, sub_pool = _pools(opts)
+        engine = create_engine(db_url, pool_size=service_pool[0], max_overflow=service_pool[1])
+        sub_engine = create_engine(db_url, pool_size=sub_pool[0], max_overflow=sub_pool[1])
         clients: list[Client] = []
         try:
             await create_tables(engine)
@@ -531,7 +550,7 @@ async def _one_run(
                 database=engine.dialect.name,
                 broker_flush=opts.broker_flush,
                 orders=opts.orders,
-                concurrency=opts.concurrency,
+                concurrency=opts.callers,
                 baseline_per_s=round(rates["baseline"]),
                 transactional_per_s=round(rates["transactional"]),
                 outbox_per_s=round(rates["outbox"]),
@@ -549,6 +568,7 @@ async def _one_run(
                 cpu_us_per_order={
                     mode: round(run.cpu_s[mode] / opts.orders * 1e6) for mode in run.modes
                 },
+                busy={mode: round(run.cpu_s[mode] / run.wall_s[mode], 3) for mode in run.modes},
                 gc_us_per_order={
                     mode: round(run.gc_s[mode] / opts.orders * 1e6, 1) for mode in run.modes
                 },
@@ -569,10 +589,29 @@ async def _one_run(
             await sub_engine.dispose()
 
 
+def _pools(opts: ServiceBenchOptions) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(pool size, overflow) of the service's engine and of the subscriber's. Every caller
+    holds a connection through its transaction (through PREPARE, too), plus the relay's claim
+    and LISTEN connections and the check endpoint's; the subscriber's lanes, two subscriptions'
+    worth."""
+    return (opts.callers + 4, 4), (2 * SUBSCRIBER_CONCURRENCY, 2)
+
+
+def _connections(opts: ServiceBenchOptions) -> int:
+    """The most database connections one run opens: both pools full, plus the connection that
+    creates and drops its throwaway database."""
+    return sum(size + overflow for size, overflow in _pools(opts)) + 1
+
+
 def bench_service(opts: ServiceBenchOptions, progress: bool = True) -> dict[str, object]:
     """Run the bench ``opts.runs`` times, each against a fresh broker and database."""
     if opts.database_url is not None:
         postgresql_server(opts.database_url)  # refuse a wrong URL before starting anything
+        run_client(
+            check_connections(
+                opts.database_url, _connections(opts), f"--concurrency {opts.callers}"
+            )
+        )
     runs = iter(range(opts.runs))
 
     def one(broker_url: str) -> ServiceBenchResult:
@@ -590,7 +629,7 @@ def command_line(opts: ServiceBenchOptions) -> str:
         parts.append(f"--database-url {url}")
     parts += [
         f"--orders {opts.orders}",
-        f"--concurrency {opts.concurrency}",
+        f"--concurrency {opts.callers}",
         f"--latency-orders {opts.latency_orders}",
         f"--latency-rate {opts.latency_rate}",
         f"--broker-flush {opts.broker_flush}",
@@ -608,16 +647,20 @@ def format_summary(res: dict[str, object], opts: ServiceBenchOptions) -> str:
     assert isinstance(m, dict)
     tl, ol = m["transactional_latency"], m["outbox_latency"]
     at, cpu, gcu = m["latency_achieved_per_s"], m["cpu_us_per_order"], m["gc_us_per_order"]
+    busy = m["busy"]
 
     def cost(mode: str) -> str:
-        return f"{cpu[mode]:>8,.0f} us{gcu[mode]:>6,.0f} us"
+        return f"{busy[mode]:>6.0%}{cpu[mode]:>8,.0f} us{gcu[mode]:>6,.0f} us"
 
     frozen = int(m["gc_frozen_objects"])
+    runs = res["all"]
+    assert isinstance(runs, list)
+    per_run = ", ".join(f"{r['transactional_ratio']:.2f}" for r in runs)
     return (
         f"service bench: {int(m['orders']):,} orders per mode, {int(m['concurrency'])} callers, "
         f"{m['database']}, broker flush={m['broker_flush']} (median of {res['runs']} runs)\n"
         f"  command: {command_line(opts)}\n"
-        f"  {'mode':<16}{'orders/s':>10}{'vs baseline':>13}{'CPU/order':>11}{'GC':>9}"
+        f"  {'mode':<16}{'orders/s':>10}{'vs baseline':>13}{'busy':>6}{'CPU/order':>11}{'GC':>9}"
         f"   commit-to-applied p50, p99\n"
         f"  {'baseline':<16}{m['baseline_per_s']:>10,.0f}{1:>13.2f}{cost('baseline')}\n"
         f"  {'@transactional':<16}{m['transactional_per_s']:>10,.0f}"
@@ -631,14 +674,16 @@ def format_summary(res: dict[str, object], opts: ServiceBenchOptions) -> str:
             for mode in BREAKDOWN_MODES
             if mode in m["breakdown_ratio"]
         )
-        + f"  back-checks {int(m['back_checks'])}; outbox backlog when its callers finished: "
+        + f"  @transactional vs baseline, run by run: {per_run}\n"
+        f"  back-checks {int(m['back_checks'])}; outbox backlog when its callers finished: "
         f"{int(m['outbox_backlog'])} rows; relay duplicates {int(m['relay_duplicates'])}; "
         f"{int(m['applied_once']):,} orders per run applied exactly once (checked)\n"
         f"  Throughput: callers place orders as fast as they can, in slices that rotate the "
         f"modes, while the subscriber is idle;\n"
         f"  the ratios are per run. CPU/order: this (the service's) process, in the timed "
-        f"slices; GC: the part of it in the\n"
-        f"  garbage collector ("
+        f"slices; busy: that CPU time over\n"
+        f"  the slices' wall time (near 100%, the service's core is the limit); GC: the part "
+        f"of the CPU in the garbage collector\n  ("
         + (f"heap frozen after the warm-up: {frozen:,} objects" if frozen else "heap not frozen")
         + ").\n  Latency: a separate phase at a fixed rate (at most half the mode's throughput), "
         "from the business COMMIT starting\n  to the subscriber's commit."

@@ -25,16 +25,18 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.sql import text
 
 from txbroker import scratchdb
-from txbroker.db import upgrade
+from txbroker.db import async_url, upgrade
 from txbroker.errors import InvalidArgument, TxbError
 
 __all__ = [
     "APPLIED",
     "ORDERS",
     "BenchFailed",
+    "check_connections",
     "create_tables",
     "postgresql_server",
     "throwaway_database",
@@ -67,6 +69,44 @@ class BenchFailed(TxbError):
     """The run broke a guarantee (an order not applied, or applied twice): no figures."""
 
     code = "BENCH_FAILED"
+
+
+async def check_connections(url: str, needed: int, flag: str) -> None:
+    """InvalidArgument, naming ``flag``, unless the PostgreSQL server at ``url`` can take
+    ``needed`` more connections: found out now, not as a "too many clients" error mid-run."""
+    engine = create_async_engine(async_url(url), pool_size=1, max_overflow=0)
+    try:
+        async with engine.connect() as conn:
+            limit = int((await conn.execute(text("SHOW max_connections"))).scalar_one())
+            reserved = int(
+                (await conn.execute(text("SHOW superuser_reserved_connections"))).scalar_one()
+            )
+            superuser = bool(
+                (
+                    await conn.execute(
+                        text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+                    )
+                ).scalar_one()
+            )
+            in_use = int(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE backend_type = 'client backend'"
+                        )
+                    )
+                ).scalar_one()
+            )
+    finally:
+        await engine.dispose()
+    free = limit - (0 if superuser else reserved) - in_use + 1  # + this check's own connection
+    if needed > free:
+        raise InvalidArgument(
+            f"{flag} needs up to {needed} connections to PostgreSQL, and the server has "
+            f"{free} free (max_connections={limit}, {in_use - 1} in use by others): lower it, "
+            "or raise the server's max_connections"
+        )
 
 
 async def create_tables(engine: AsyncEngine) -> None:
