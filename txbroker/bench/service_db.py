@@ -25,11 +25,12 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import text
 
+from sdk.database import create_engine
 from txbroker import scratchdb
-from txbroker.db import async_url, upgrade
+from txbroker.db import upgrade
 from txbroker.errors import InvalidArgument, TxbError
 
 __all__ = [
@@ -74,39 +75,28 @@ class BenchFailed(TxbError):
 async def check_connections(url: str, needed: int, flag: str) -> None:
     """InvalidArgument, naming ``flag``, unless the PostgreSQL server at ``url`` can take
     ``needed`` more connections: found out now, not as a "too many clients" error mid-run."""
-    engine = create_async_engine(async_url(url), pool_size=1, max_overflow=0)
+    engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
         async with engine.connect() as conn:
-            limit = int((await conn.execute(text("SHOW max_connections"))).scalar_one())
-            reserved = int(
-                (await conn.execute(text("SHOW superuser_reserved_connections"))).scalar_one()
-            )
-            superuser = bool(
-                (
-                    await conn.execute(
-                        text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-                    )
-                ).scalar_one()
-            )
-            in_use = int(
-                (
-                    await conn.execute(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity "
-                            "WHERE backend_type = 'client backend'"
-                        )
-                    )
-                ).scalar_one()
-            )
+            limit, reserved, superuser, in_use = (await conn.execute(_CAPACITY)).one()
     finally:
         await engine.dispose()
-    free = limit - (0 if superuser else reserved) - in_use + 1  # + this check's own connection
+    others = in_use - 1  # this check's own connection is closed by now
+    free = limit - (0 if superuser else reserved) - others
     if needed > free:
         raise InvalidArgument(
             f"{flag} needs up to {needed} connections to PostgreSQL, and the server has "
-            f"{free} free (max_connections={limit}, {in_use - 1} in use by others): lower it, "
+            f"{free} free (max_connections={limit}, {others} in use by others): lower it, "
             "or raise the server's max_connections"
         )
+
+
+_CAPACITY: Final = text(
+    "SELECT current_setting('max_connections')::int, "
+    "current_setting('superuser_reserved_connections')::int, "
+    "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user), "
+    "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+)
 
 
 async def create_tables(engine: AsyncEngine) -> None:
