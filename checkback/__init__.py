@@ -2,10 +2,27 @@
 broker-side caller. The barrier-backed resolver lives in ``checkback.barrier`` (it needs the
 ``sdk`` extra: SQLAlchemy and a database driver)."""
 
-from checkback.caller import CheckOutcome, CheckResult, call_check
+from typing import TYPE_CHECKING, Any
+
 from checkback.contract import CheckRequest, CheckResponse, CheckStatus
 from checkback.endpoint import CheckbackEndpoint, Resolver
 from checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign, verify
+
+if TYPE_CHECKING:
+    from checkback.caller import CheckOutcome, CheckResult, call_check
+
+# The broker side, imported on first use: it needs httpx (and whatever httpx's own command line
+# pulls in), which a service that only mounts the endpoint has no use for in its process.
+_CALLER: frozenset[str] = frozenset({"CheckOutcome", "CheckResult", "call_check"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CALLER:
+        from checkback import caller
+
+        return getattr(caller, name)
+    raise AttributeError(f"module 'checkback' has no attribute {name!r}")
+
 
 __all__ = [
     # contract

@@ -1,6 +1,11 @@
 """An asyncio client for the broker: one TCP connection, pipelined requests matched to answers
 by correlation id, errors raised as the same typed exceptions the broker raised.
 
+Answers are decoded in the connection's protocol callback as their bytes arrive, not by a reader
+task: a task awaiting ``StreamReader.read`` costs, per read, two coroutines, a future and a trip
+through the event loop, which in a CPU-bound service (`txbroker bench service`) was a measurable
+part of what messaging adds to a business transaction.
+
     async with await Client.connect("txb://127.0.0.1:9876") as client:
         await client.create_topic("orders", queues=4)
         receipt = await client.send("orders", b"...", key="order-42")
@@ -9,9 +14,9 @@ by correlation id, errors raised as the same typed exceptions the broker raised.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
+import logging
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,7 +29,7 @@ from txbroker.errors import (
     error_class,
 )
 from txbroker.ids import new_id
-from txbroker.protocol.codec import FrameDecoder, encode_frame
+from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import (
     Empty,
@@ -58,6 +63,8 @@ __all__ = [
     "parse_server_url",
     "prepare_request",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9876
 # Deadlines are checked this often: a timeout fires at most this much late.
@@ -140,12 +147,14 @@ class Client:
         self._ids = itertools.count(1)
         self._closed: TxbError | None = ConnectionClosed("not connected yet")
         self._user_closed = False
-        self._writer: asyncio.StreamWriter | None = None
+        self._wire: _Wire | None = None  # the current connection
         self._out: TurnWriter | None = None  # one per connection
         self._unanswered: set[asyncio.Future[Any]] = set()  # requests nobody awaits
+        # Requests sent by post(): corr -> (opcode, request, note); no future at all.
+        self._posted: dict[int, tuple[int, Any, str]] = {}
+        self._posted_empty: asyncio.Future[None] | None = None  # drain() waits on it
         # Kept, not looked up per request: get_running_loop() is a getpid() system call.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader_task: asyncio.Task[None] | None = None
         self._connect_lock = asyncio.Lock()
         self.reconnects = 0
 
@@ -164,16 +173,17 @@ class Client:
 
     async def _open(self) -> None:
         """One connection attempt: TCP, then HELLO (which checks the auth token)."""
+        loop = asyncio.get_running_loop()
+        wire = _Wire(self, loop)
         try:
             async with asyncio.timeout(self._timeout_s):
-                reader, writer = await asyncio.open_connection(self._host, self._port)
+                transport, _ = await loop.create_connection(lambda: wire, self._host, self._port)
         except (OSError, TimeoutError) as e:
             raise ConnectionClosed(f"cannot connect to {self._host}:{self._port}: {e}") from e
-        self._writer = writer
-        self._loop = asyncio.get_running_loop()
-        self._out = TurnWriter(self._loop, writer.write)
+        self._wire = wire
+        self._loop = loop
+        self._out = TurnWriter(loop, transport.write)
         self._closed = None
-        self._reader_task = self._loop.create_task(self._read_loop(reader))
         try:
             await self._send_request(
                 Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
@@ -226,13 +236,11 @@ class Client:
         await self._drop()
 
     async def _drop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            with contextlib.suppress(OSError):
-                await self._writer.wait_closed()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
+        """Close the connection and wait (bounded) until its transport has let go."""
+        wire = self._wire
+        if wire is not None:
+            wire.close()
+            await asyncio.wait([wire.lost], timeout=self._timeout_s)
 
     async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
         await self._ensure_connected()
@@ -268,33 +276,74 @@ class Client:
         self._deadlines.pop(corr, None)
 
     def submit(
-        self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0
+        self,
+        opcode: Opcode,
+        body: Any,
+        *,
+        timeout_s: float | None = 30.0,
+        drained: bool = True,
     ) -> asyncio.Future[Any]:
         """Send a request without waiting for its answer: the returned future gets the answer
         (or the error). It leaves with the other frames of this turn of the event loop, so the
         caller can overlap it with other I/O. Not connected: a task reconnects and sends it
-        (the future is that task). :meth:`drain` and :meth:`close` wait for these requests."""
+        (the future is that task). :meth:`drain` and :meth:`close` wait for these requests,
+        unless ``drained`` is false (for a caller that awaits the future itself)."""
         fut: asyncio.Future[Any]
         if self._closed is not None:
             fut = asyncio.get_running_loop().create_task(
                 self.request(opcode, body, timeout_s=timeout_s)
             )
-            fut.add_done_callback(self._unanswered.discard)
         else:
-            corr, fut = self._submit(opcode, body, timeout_s)
-            fut.add_done_callback(functools.partial(self._submitted_done, corr))
-        self._unanswered.add(fut)
+            _, fut = self._submit(opcode, body, timeout_s)  # answers clean up after themselves
+        if drained:
+            self._unanswered.add(fut)
+            fut.add_done_callback(self._unanswered.discard)
         return fut
 
-    def _submitted_done(self, corr: int, fut: asyncio.Future[Any]) -> None:
-        self._forget(corr)
-        self._unanswered.discard(fut)
+    def post(
+        self, opcode: Opcode, body: Any, *, note: str = "", timeout_s: float | None = 30.0
+    ) -> None:
+        """Send a request whose answer nobody awaits (as RocketMQ's producer sends its
+        end-transaction one-way): no future is made for it, which in a CPU-bound service is
+        worth having. A failure, or no answer within ``timeout_s``, is logged with ``note``
+        (what happens next). :meth:`drain` and :meth:`close` wait for the answers."""
+        if self._closed is not None:
+            fut = self.submit(opcode, body, timeout_s=timeout_s)
+            fut.add_done_callback(functools.partial(_posted_done, opcode, body, note))
+            return
+        corr = next(self._ids) & 0xFFFFFFFF
+        loop, out = self._loop, self._out
+        assert loop is not None and out is not None  # connected
+        self._posted[corr] = (opcode, body, note)
+        if timeout_s is not None:
+            self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = loop.create_task(self._sweep())
+        out.add(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
+
+    def _posted_answered(self, corr: int, err: Exception | None) -> None:
+        opcode, body, note = self._posted.pop(corr)
+        if err is not None:
+            _posted_failed(opcode, body, note, err)
+        waiter = self._posted_empty
+        if not self._posted and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    @property
+    def unanswered(self) -> int:
+        """Requests sent by :meth:`submit` or :meth:`post` whose answers have not arrived."""
+        return len(self._unanswered) + len(self._posted)
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Wait (at most ``timeout_s``) until every request sent by :meth:`submit` is answered
-        or has failed."""
-        if self._unanswered:
-            await asyncio.wait(set(self._unanswered), timeout=timeout_s)
+        """Wait (at most ``timeout_s``) until every request sent by :meth:`submit` or
+        :meth:`post` is answered or has failed."""
+        waits: set[asyncio.Future[Any]] = set(self._unanswered)
+        if self._posted:
+            if self._posted_empty is None or self._posted_empty.done():
+                self._posted_empty = asyncio.get_running_loop().create_future()
+            waits.add(self._posted_empty)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
 
     async def _sweep(self) -> None:
         """Fail requests past their deadline with RequestTimeout (their outcome is unknown)."""
@@ -304,54 +353,69 @@ class Client:
             for corr, (deadline, timeout_s) in list(self._deadlines.items()):
                 if deadline <= now:
                     del self._deadlines[corr]
-                    entry = self._pending.get(corr)
-                    if entry is not None and not entry[1].done():
-                        name = Opcode(entry[0]).name
-                        entry[1].set_exception(
-                            RequestTimeout(
-                                f"{name} got no answer within {timeout_s} s "
-                                "(its outcome is unknown)"
-                            )
-                        )
-
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        decoder = FrameDecoder()
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    self._fail(ConnectionClosed("the broker closed the connection"))
-                    return
-                for frame in decoder.feed(data):
-                    if frame.opcode == Opcode.STREAM:
-                        err = decode_error(frame.body)
-                        self._fail(error_class(err.code)(err.message))
-                        return
-                    entry = self._pending.get(frame.corr_id)
-                    if entry is None or entry[1].done():
-                        continue  # the request timed out; its answer is dropped
-                    opcode, fut = entry
-                    if frame.kind == FrameKind.ERROR:
-                        err = decode_error(frame.body)
-                        fut.set_exception(error_class(err.code)(err.message))
+                    entry = self._pending.pop(corr, None)
+                    posted = self._posted.get(corr)
+                    if entry is not None:
+                        opcode = entry[0]
+                    elif posted is not None:
+                        opcode = posted[0]
+                    else:
                         continue
-                    try:
-                        fut.set_result(decode_response(opcode, frame.body))
-                    except TxbError as e:  # an unreadable answer fails its request, not the loop
-                        fut.set_exception(e)
-        except ProtocolError as e:
-            self._fail(e)
-        except OSError as e:
-            self._fail(ConnectionClosed(f"connection lost: {e}"))
+                    err = RequestTimeout(
+                        f"{Opcode(opcode).name} got no answer within {timeout_s} s "
+                        "(its outcome is unknown)"
+                    )
+                    if entry is not None:
+                        if not entry[1].done():
+                            entry[1].set_exception(err)
+                    else:
+                        self._posted_answered(corr, err)
+
+    def _answered(self, frames: list[Frame]) -> None:
+        """Hand each answer to its request (called by the connection as frames arrive)."""
+        pending, deadlines = self._pending, self._deadlines
+        for frame in frames:
+            if frame.opcode == Opcode.STREAM:
+                err = decode_error(frame.body)
+                self._fail(error_class(err.code)(err.message))
+                if self._wire is not None:
+                    self._wire.close()
+                return
+            corr = frame.corr_id
+            deadlines.pop(corr, None)
+            entry = pending.pop(corr, None)
+            if entry is None:
+                if corr in self._posted:  # its answer is only looked at for an error
+                    failure = None
+                    if frame.kind == FrameKind.ERROR:
+                        body = decode_error(frame.body)
+                        failure = error_class(body.code)(body.message)
+                    self._posted_answered(corr, failure)
+                continue  # else the request timed out; its answer is dropped
+            opcode, fut = entry
+            if fut.done():
+                continue  # cancelled by its caller
+            if frame.kind == FrameKind.ERROR:
+                err = decode_error(frame.body)
+                fut.set_exception(error_class(err.code)(err.message))
+                continue
+            try:
+                fut.set_result(decode_response(opcode, frame.body))
+            except TxbError as e:  # an unreadable answer fails its request, not the connection
+                fut.set_exception(e)
 
     def _fail(self, err: TxbError) -> None:
         if self._closed is None:
             self._closed = err
         if self._out is not None:
             self._out.clear()  # their requests fail below; a new connection must not send them
-        for _, fut in self._pending.values():
+        pending, self._pending = self._pending, {}
+        self._deadlines.clear()
+        for _, fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
+        for corr in list(self._posted):
+            self._posted_answered(corr, err)
 
     # --- convenience API ---
 
@@ -456,6 +520,16 @@ class Client:
         return receipts
 
 
+def _posted_failed(opcode: int, body: Any, note: str, err: BaseException | None) -> None:
+    if err is not None:
+        log.warning("%s %s not confirmed (%s); %s", Opcode(opcode).name, body, err, note)
+
+
+def _posted_done(opcode: int, body: Any, note: str, fut: asyncio.Future[Any]) -> None:
+    """A posted request sent by a reconnecting task (:meth:`Client.post`) has ended."""
+    _posted_failed(opcode, body, note, None if fut.cancelled() else fut.exception())
+
+
 class Transaction:
     """A prepared (half) message: invisible until :meth:`commit`; :meth:`rollback` discards it.
     If neither arrives, the broker asks the service's check-back endpoint."""
@@ -472,3 +546,48 @@ class Transaction:
 
     async def rollback(self) -> TxEndResponse:
         return await self._client.end_transaction(self.tx_id, "rollback")
+
+
+class _Wire(asyncio.Protocol):
+    """One TCP connection of a :class:`Client`: decodes frames as bytes arrive and hands them
+    to the client, and fails the client's requests when the connection ends. A connection the
+    client has already replaced reports nothing."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.BaseTransport | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+
+    def _current(self) -> bool:
+        return self._client._wire is self
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self._current():
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as e:
+            self._client._fail(e)
+            self.close()
+            return
+        self._client._answered(frames)
+
+    def eof_received(self) -> bool:
+        if self._current():
+            self._client._fail(ConnectionClosed("the broker closed the connection"))
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._current():
+            reason = f"connection lost: {exc}" if exc is not None else "the connection closed"
+            self._client._fail(ConnectionClosed(reason))
+        if not self.lost.done():
+            self.lost.set_result(None)

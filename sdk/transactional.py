@@ -24,7 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 _json = msgspec.json.Encoder()
+# Logged with an END_TX that failed: the back-check finds the committed barrier row.
+_END_TX_LOST: Final = "its back-check commits it"
 
 
 def encode_body(result: object) -> bytes:
@@ -130,7 +132,7 @@ class TxPublisher:
                 )
                 # The PREPARE and the barrier row overlap: the broker's durable append and the
                 # database's insert run at once. Both must succeed before the commit below.
-                prepared = self._client.submit(Opcode.TX_PREPARE, prepare)
+                prepared = self._client.submit(Opcode.TX_PREPARE, prepare, drained=False)
                 await record_commit(session, tx_id, topic, msg_key)
                 await prepared
                 faults.point("before_db_commit")
@@ -145,13 +147,11 @@ class TxPublisher:
             elif prepared is not None:  # the database did not commit: discard the half message
                 await self._discard(tx_id, prepared)
             raise
-        # Sent, not awaited (as RocketMQ's producer sends its end-transaction one-way): the
+        # Posted, not awaited (as RocketMQ's producer sends its end-transaction one-way): the
         # outcome is decided by the database commit above, and a lost END_TX is settled by
         # the back-check, which finds the committed barrier row. Not waiting spares the caller
         # a round trip and the broker's flush. `flush()` waits for the answers.
-        self._client.submit(Opcode.TX_END, TxEndRequest(tx_id, "commit")).add_done_callback(
-            functools.partial(_end_tx_answered, tx_id)
-        )
+        self._client.post(Opcode.TX_END, TxEndRequest(tx_id, "commit"), note=_END_TX_LOST)
         return result
 
     async def _discard(self, tx_id: str, prepared: asyncio.Future[Any]) -> None:
@@ -170,10 +170,3 @@ class TxPublisher:
         """Wait until the broker has answered every END_TX sent so far (``Client.close``
         waits too)."""
         await self._client.drain(timeout_s)
-
-
-def _end_tx_answered(tx_id: str, answer: asyncio.Future[object]) -> None:
-    if answer.cancelled():
-        log.warning("END_TX for %s cancelled; its back-check commits it", tx_id)
-    elif (e := answer.exception()) is not None:  # the back-check will find the row: COMMIT
-        log.warning("END_TX for %s not confirmed (%s); its back-check commits it", tx_id, e)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -134,3 +136,17 @@ async def test_resolver_failure_is_a_500() -> None:
     async with serve_app(app) as base, httpx.AsyncClient() as h:
         res = await call_check(h, base + "/c", REQ, "s3cret", None, 5)
     assert res.status is CheckStatus.UNKNOWN and "500" in res.reason
+
+
+def test_a_service_mounting_the_endpoint_does_not_import_the_broker_side_http_client() -> None:
+    """The service imports the SDK and the barrier's mount; httpx (the broker's caller) stays
+    out of its process until something asks for the caller."""
+    probe = (
+        "import sys, sdk, checkback.barrier; "
+        "assert 'httpx' not in sys.modules, 'imported with the endpoint'; "
+        "from checkback import call_check; "
+        "assert 'httpx' in sys.modules and call_check.__module__ == 'checkback.caller'; "
+        "import checkback; "
+        "assert not hasattr(checkback, 'no_such_name')"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)

@@ -145,9 +145,9 @@ async def test_the_call_returns_before_end_tx_is_answered_and_flush_waits(
         await c.create_topic("orders", queues=2)
         pub, place = _order_placer(c, engine, check_url)
         placed = await asyncio.gather(*(place(f"o{i}") for i in range(20)))
-        assert c._unanswered  # the END_TXs are still in flight
+        assert c.unanswered  # the END_TXs are still in flight
         await pub.flush(timeout_s=10)
-        assert not c._unanswered
+        assert c.unanswered == 0
         assert (await c.list_transactions()).total == 0  # every END_TX answered: none open
         assert sorted(await _delivered(c)) == sorted(p.encode() for p in placed)
 
