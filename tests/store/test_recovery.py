@@ -217,3 +217,38 @@ async def test_operator_can_choose_to_truncate_damage(tmp_path: Path) -> None:
         assert store.queue_range("t", 0) == (0, 0)
     finally:
         await store.close()
+
+
+async def test_queue_truncated_back_across_a_file_boundary_keeps_its_end(tmp_path: Path) -> None:
+    """A crash loses the log records of queue offsets 3 and 4 while their entries survive, the
+    entry for 4 in a new queue file. Recovery removes both, which empties that file; the queue's
+    end must stay 3 through a clean reopen, so the next append fills offset 3, not 4."""
+    base = tmp_path / "s"
+    # Four entries per queue file, so offset 4 starts a new one; no periodic checkpoint.
+    cfg = small_config(base, cq_entries_per_file=4, checkpoint_interval_ms=600_000)
+    store = await MessageStore.open(cfg)
+    for i in range(3):
+        await store.append(Message("t", f"kept-{i}".encode()))
+    await store.close()
+    store = await MessageStore.open(cfg)
+    lost = [await store.append(Message("t", f"lost-{i}".encode())) for i in range(2)]
+    assert [r.queue_offset for r in lost] == [3, 4]
+    store.abandon()
+    # As if the kill came before the group commit wrote the two records into the segment.
+    end = lost[-1].physical_offset + lost[-1].size
+    _poke(_segment0(base), lost[0].physical_offset, bytes(end - lost[0].physical_offset))
+
+    store = await MessageStore.open(cfg)
+    assert store.recovery is not None and store.recovery.abnormal
+    assert store.queue_range("t", 0) == (0, 3)
+    await store.close()
+    store = await MessageStore.open(cfg)  # a clean open: nothing truncates, the end is loaded
+    try:
+        assert store.queue_range("t", 0) == (0, 3)
+        again = await store.append(Message("t", b"after"))
+        assert again.queue_offset == 3
+        got = await store.get_messages("t", 0, 0, max_count=10)
+        assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3]
+        assert [m.body for m in got.messages] == [b"kept-0", b"kept-1", b"kept-2", b"after"]
+    finally:
+        await store.close()

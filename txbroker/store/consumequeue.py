@@ -89,9 +89,19 @@ class ConsumeQueue:
         self._synced = self.max_offset
 
     def _find_end(self, hint: int | None = None) -> int:
-        """First unwritten entry of the last file. Entries are written in order, so the written
-        ones form a prefix: start at the checkpoint's count when known, else binary search."""
-        last = self.files[-1]
+        """First unwritten entry of the last file holding any. Entries are written in order, so
+        the written ones form a prefix: start at the checkpoint's count when known, else binary
+        search."""
+        # Trailing files can be wholly unwritten: when recovery's truncate_from_phys removes
+        # entries back across a file boundary, clear_after_end zeroes the newer file but keeps
+        # it. Taking that file's base as the end would turn the removed entries before it into
+        # holes, and the next append would take the file's base as its queue offset. (A file
+        # created just before a crash is empty too; the file before it is then full, so stepping
+        # back finds the same end.)
+        k = len(self.files) - 1
+        while k > 0 and not CQ_ENTRY.unpack_from(self.files[k].mm, 0)[1]:
+            k -= 1
+        last = self.files[k]
         n = last.size // CQ_ENTRY.size
         mm = last.mm
 
