@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from sqlalchemy import Connection, bindparam, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -95,10 +95,13 @@ def _open_asyncpg_transaction(conn: AsyncConnection | AsyncSession) -> Any:
     sync: Connection | None
     if isinstance(conn, AsyncSession):
         tx = conn.sync_session.get_transaction()
-        held = tx.connections if tx is not None else None  # never acquires a connection
-        if not held or len(held) != 1:
+        if tx is None:
             return None
-        sync = next(iter(held))
+        try:
+            # Never acquires a connection; unlike ``tx.connections`` it builds no set per call.
+            sync = tx.bound_connection()
+        except InvalidRequestError:  # nothing acquired yet, or no single bind to look up
+            return None
     else:
         sync = conn.sync_connection
     if sync is None or sync.invalidated or sync.dialect.driver != "asyncpg":

@@ -350,7 +350,7 @@ class _ServiceRun:
                 check_url=self._check_url,
                 key=order_id,
             )
-        client.submit(Opcode.TX_END, TxEndRequest(tx.tx_id, "commit"))  # unawaited, as there
+        client.post(Opcode.TX_END, TxEndRequest(tx.tx_id, "commit"))  # unawaited, as there
         self.placed["messages-only"] += 1
 
     async def _apply(self, session: AsyncSession, msg: ConsumedMessage) -> None:
