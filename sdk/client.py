@@ -257,19 +257,27 @@ class Client:
         self, opcode: Opcode, body: Any, timeout_s: float | None
     ) -> tuple[int, asyncio.Future[Any]]:
         """Queue the request's frame; its answer (or error) will complete the future."""
+        corr = self._send_frame(opcode, body, timeout_s)
+        assert self._loop is not None  # connected
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[corr] = (opcode, fut)
+        return corr, fut
+
+    def _send_frame(self, opcode: Opcode, body: Any, timeout_s: float | None) -> int:
+        """Queue a request's frame under a new correlation id, with its deadline; the id. The
+        frame is encoded first, so a request refused here (too large) leaves nothing behind."""
         if self._closed is not None:
             raise self._closed
-        corr = next(self._ids) & 0xFFFFFFFF
         loop, out = self._loop, self._out
         assert loop is not None and out is not None  # connected
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending[corr] = (opcode, fut)
+        corr = next(self._ids) & 0xFFFFFFFF
+        frame = encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body))
         if timeout_s is not None:
             self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = loop.create_task(self._sweep())
-        out.add(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
-        return corr, fut
+        out.add(frame)
+        return corr
 
     def _forget(self, corr: int) -> None:
         self._pending.pop(corr, None)
@@ -311,15 +319,7 @@ class Client:
             fut = self.submit(opcode, body, timeout_s=timeout_s)
             fut.add_done_callback(functools.partial(_posted_done, opcode, body, note))
             return
-        corr = next(self._ids) & 0xFFFFFFFF
-        loop, out = self._loop, self._out
-        assert loop is not None and out is not None  # connected
-        self._posted[corr] = (opcode, body, note)
-        if timeout_s is not None:
-            self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
-            if self._sweeper is None or self._sweeper.done():
-                self._sweeper = loop.create_task(self._sweep())
-        out.add(encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body)))
+        self._posted[self._send_frame(opcode, body, timeout_s)] = (opcode, body, note)
 
     def _posted_answered(self, corr: int, err: Exception | None) -> None:
         opcode, body, note = self._posted.pop(corr)
@@ -353,23 +353,11 @@ class Client:
             for corr, (deadline, timeout_s) in list(self._deadlines.items()):
                 if deadline <= now:
                     del self._deadlines[corr]
-                    entry = self._pending.pop(corr, None)
-                    posted = self._posted.get(corr)
-                    if entry is not None:
-                        opcode = entry[0]
-                    elif posted is not None:
-                        opcode = posted[0]
-                    else:
-                        continue
-                    err = RequestTimeout(
-                        f"{Opcode(opcode).name} got no answer within {timeout_s} s "
-                        "(its outcome is unknown)"
-                    )
-                    if entry is not None:
+                    if (entry := self._pending.pop(corr, None)) is not None:
                         if not entry[1].done():
-                            entry[1].set_exception(err)
-                    else:
-                        self._posted_answered(corr, err)
+                            entry[1].set_exception(_timed_out(entry[0], timeout_s))
+                    elif (posted := self._posted.get(corr)) is not None:
+                        self._posted_answered(corr, _timed_out(posted[0], timeout_s))
 
     def _answered(self, frames: list[Frame]) -> None:
         """Hand each answer to its request (called by the connection as frames arrive)."""
@@ -520,14 +508,20 @@ class Client:
         return receipts
 
 
-def _posted_failed(opcode: int, body: Any, note: str, err: BaseException | None) -> None:
-    if err is not None:
-        log.warning("%s %s not confirmed (%s); %s", Opcode(opcode).name, body, err, note)
+def _timed_out(opcode: int, timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"{Opcode(opcode).name} got no answer within {timeout_s} s (its outcome is unknown)"
+    )
+
+
+def _posted_failed(opcode: int, body: Any, note: str, err: BaseException) -> None:
+    log.warning("%s %s not confirmed (%s); %s", Opcode(opcode).name, body, err, note)
 
 
 def _posted_done(opcode: int, body: Any, note: str, fut: asyncio.Future[Any]) -> None:
     """A posted request sent by a reconnecting task (:meth:`Client.post`) has ended."""
-    _posted_failed(opcode, body, note, None if fut.cancelled() else fut.exception())
+    if not fut.cancelled() and (err := fut.exception()) is not None:
+        _posted_failed(opcode, body, note, err)
 
 
 class Transaction:

@@ -16,9 +16,9 @@ import pytest
 from sdk import Client
 from sdk.client import ConnectionClosed
 from tests.conftest import BrokerProcess
-from txbroker.errors import ProtocolError
+from txbroker.errors import FrameTooLarge, ProtocolError
 from txbroker.protocol.codec import FrameDecoder, encode_frame
-from txbroker.protocol.frames import PROTOCOL_VERSION, FrameKind, Opcode
+from txbroker.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameKind, Opcode
 from txbroker.protocol.messages import Empty, HelloOk, SendRequest, TxEndRequest, encode_body
 
 # What the scripted server does with each request after HELLO: (request opcode, writer) -> None.
@@ -153,3 +153,17 @@ async def test_an_answer_nobody_waits_for_any_more_is_dropped(broker: BrokerProc
         assert len(offsets) == 20 and offsets <= set(range(21))  # "first" took one offset too
         await c.drain(timeout_s=10)
         assert c.unanswered == 0
+
+
+async def test_a_request_too_large_to_send_leaves_nothing_in_flight(broker: BrokerProcess) -> None:
+    huge = SendRequest("t", b"x" * (MAX_FRAME_BYTES + 1), None, None, {}, None)
+    async with await Client.connect(broker.url) as c:
+        with pytest.raises(FrameTooLarge):
+            c.post(Opcode.SEND, huge, note="never sent")
+        with pytest.raises(FrameTooLarge):
+            c.submit(Opcode.SEND, huge)
+        assert c.unanswered == 0
+        t0 = time.monotonic()
+        await c.drain(timeout_s=10)
+        assert time.monotonic() - t0 < 1  # nothing to wait for
+        await c.ping()
