@@ -14,11 +14,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from sdk import Client
-from sdk.database import create_engine
-from sdk.subscriber import Subscribers
-from txbroker.atomicfile import write_atomic
-from txbroker.shutdown import stop_on_signals
+from txbroker_sdk import Client, Subscribers, create_engine, stop_on_signals
 
 __all__ = ["StatsFile", "run_subscriber_service", "service_parser"]
 
@@ -46,7 +42,11 @@ class StatsFile:
 
     def write(self) -> None:
         if self._path is not None:
-            write_atomic(self._path, json.dumps(self._read()).encode())
+            # Written aside and renamed: the demo's summary never reads half a file. No fsync:
+            # the counts are for display, and a kill -9 (not a power cut) is what they survive.
+            tmp = self._path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._read()))
+            tmp.replace(self._path)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -1,4 +1,4 @@
-"""``txbroker demo``: the whole guarantee, holding while processes crash.
+"""``make demo`` (``python -m examples.demo``): the whole guarantee, holding while processes crash.
 
 Starts a broker on embedded storage and the three example services (SQLite files by default,
 one throwaway PostgreSQL database with ``--database-url``), places a few thousand orders
@@ -16,6 +16,7 @@ Exit status 0 only if the anomaly count is 0.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import shutil
@@ -34,11 +35,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from examples.driver import drive
 from examples.report import Snapshot, format_report, read_stats, take_snapshot
 from examples.supervisor import DemoFailed, Process, Supervisor
-from sdk import Client
-from sdk.database import create_engine
-from txbroker.brokerproc import READY_PREFIX, parse_ready
-from txbroker.db import upgrade
-from txbroker.scratchdb import scratch_database
+from txbroker.runtime.brokerproc import READY_PREFIX, parse_ready
+from txbroker_sdk import Client
+from txbroker_sdk.database import create_engine
+from txbroker_sdk.schema import upgrade
+from txbroker_sdk.testing import scratch_database
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -305,3 +306,53 @@ async def _settle(
             next_line = time.monotonic() + 5
         sys.stderr.flush()
         await asyncio.sleep(0.5)  # polling other processes' databases: there is no event
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more: {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    demo = argparse.ArgumentParser(
+        prog="python -m examples.demo", description=__doc__.split("\n\n")[0]
+    )
+    demo.add_argument("--orders", type=positive, default=2000, help="orders to place")
+    demo.add_argument(
+        "--database-url",
+        help="run the services on this PostgreSQL server (a throwaway database is created "
+        "on it and dropped afterwards); default: SQLite files",
+    )
+    demo.add_argument("--no-faults", action="store_true", help="no crashes, no handler failures")
+    demo.add_argument(
+        "--kills", type=non_negative, default=2, help="crashes injected per service (default 2)"
+    )
+    demo.add_argument("--concurrency", type=positive, default=8, help="orders in flight")
+    demo.add_argument("--settle-timeout", type=float, default=180.0, help="seconds")
+    demo.add_argument("--work-dir", help="keep the broker data, databases and logs here")
+    demo.add_argument("--keep", action="store_true", help="keep the work directory/database")
+    args = demo.parse_args(argv)
+    opts = DemoOptions(
+        orders=args.orders,
+        database_url=args.database_url,
+        faults=not args.no_faults,
+        kills=args.kills,
+        concurrency=args.concurrency,
+        settle_timeout_s=args.settle_timeout,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        keep=args.keep,
+    )
+    return asyncio.run(run_demo(opts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

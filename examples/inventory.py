@@ -16,8 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from examples.common import run_subscriber_service, service_parser
-from sdk.consumer import ConsumedMessage
-from sdk.subscriber import Subscribers
+from txbroker_sdk import ConsumedMessage, Subscribers
 
 __all__ = ["RESERVATIONS", "register"]
 

@@ -29,15 +29,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from checkback.barrier import TransactionFenced, mount
 from examples.common import StatsFile, service_parser
-from sdk import Client
-from sdk.database import create_engine
-from sdk.outbox import add as outbox_add
-from sdk.transactional import TxPublisher
-from txbroker.errors import TxbError
-from txbroker.httpserve import HttpServer
-from txbroker.shutdown import stop_on_signals
+from txbroker_outbox import add as outbox_add
+from txbroker_sdk import (
+    Client,
+    HttpServer,
+    TransactionFenced,
+    TxbError,
+    TxPublisher,
+    create_engine,
+    mount,
+    stop_on_signals,
+)
 
 __all__ = ["ORDERS", "PRODUCER_GROUP", "create_app"]
 

@@ -13,14 +13,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 
-from checkback.barrier import mount
-from sdk import Client, ConsumedMessage
-from sdk.database import create_engine
-from sdk.outbox import Relay, add
-from sdk.subscriber import Subscribers
-from sdk.transactional import TxPublisher
-from txbroker.db import upgrade
-from txbroker.httpserve import serving
+from txbroker_outbox import Relay, add
+from txbroker_sdk import (
+    Client,
+    ConsumedMessage,
+    Subscribers,
+    TxPublisher,
+    create_engine,
+    mount,
+    serving,
+    upgrade,
+)
 
 BROKER = os.environ.get("TXB_URL", "txb://127.0.0.1:9876")
 DB = os.environ.get("DB_URL", "sqlite:///quickstart.db")  # or postgresql://user@host/db

@@ -22,7 +22,7 @@ from examples.billing import PAYMENTS
 from examples.driver import Outcome
 from examples.inventory import RESERVATIONS
 from examples.orders import ORDERS
-from sdk.tables import INBOX, LOCAL_TX, OUTBOX
+from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 
 __all__ = ["Snapshot", "format_report", "read_metrics", "take_snapshot"]
 

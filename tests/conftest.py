@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from txbroker import brokerproc
+from txbroker.runtime import brokerproc
 from txbroker.store import FlushMode, MessageStore, StoreConfig
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The service-database fixtures (sqlite_url, pg_url, engine) for every suite that needs them.
+pytest_plugins = ["tests.databases"]
 ROOT = Path(__file__).resolve().parents[1]
 
 

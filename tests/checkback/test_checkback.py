@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from checkback import (
+from tests.httpserver import serve_app
+from txbroker_checkback import (
     CheckbackEndpoint,
     CheckOutcome,
     CheckRequest,
@@ -24,8 +25,7 @@ from checkback import (
     call_check,
     sign,
 )
-from checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP
-from tests.httpserver import serve_app
+from txbroker_checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP
 
 SECRETS = {"orders": "s3cret"}
 REQ = CheckRequest(tx_id="t1", topic="orders", producer_group="orders", check_count=0)
@@ -142,11 +142,11 @@ def test_a_service_mounting_the_endpoint_does_not_import_the_broker_side_http_cl
     """The service imports the SDK and the barrier's mount; httpx (the broker's caller) stays
     out of its process until something asks for the caller."""
     probe = (
-        "import sys, sdk, checkback.barrier; "
+        "import sys, txbroker_sdk; from txbroker_sdk import mount, TxPublisher, Subscribers; "
         "assert 'httpx' not in sys.modules, 'imported with the endpoint'; "
-        "from checkback import call_check; "
-        "assert 'httpx' in sys.modules and call_check.__module__ == 'checkback.caller'; "
-        "import checkback; "
-        "assert not hasattr(checkback, 'no_such_name')"
+        "from txbroker_checkback import call_check; "
+        "assert 'httpx' in sys.modules and call_check.__module__ == 'txbroker_checkback.caller'; "
+        "import txbroker_checkback; "
+        "assert not hasattr(txbroker_checkback, 'no_such_name')"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)

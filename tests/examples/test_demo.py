@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _demo(*args: str) -> str:
     res = subprocess.run(
-        [sys.executable, "-m", "txbroker.cli", "demo", *args],
+        [sys.executable, "-m", "examples.demo", *args],
         capture_output=True,
         text=True,
         timeout=280,

@@ -18,11 +18,11 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from sdk import Client, ConsumedMessage
-from sdk.database import create_engine
-from sdk.subscriber import Subscribers
-from sdk.transactional import TxPublisher
 from tests.tx.conftest import GROUP
+from txbroker_sdk import Client, ConsumedMessage
+from txbroker_sdk.database import create_engine
+from txbroker_sdk.subscriber import Subscribers
+from txbroker_sdk.transactional import TxPublisher
 
 TOPIC = "orders"
 ORDERS = sa.Table(

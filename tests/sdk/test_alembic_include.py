@@ -8,7 +8,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
+import txbroker_migrations
 
 ENV = """
 from alembic import context
@@ -45,7 +45,7 @@ def test_service_history_includes_the_txbroker_branch(tmp_path: Path) -> None:
     (scripts / "versions").mkdir(parents=True)
     (scripts / "env.py").write_text(ENV)
     (scripts / "versions" / "svc_0001.py").write_text(SERVICE_REVISION)
-    ours = Path(migrations.__file__).resolve().parent / "versions"
+    ours = Path(txbroker_migrations.__file__).resolve().parent / "versions"
     db = tmp_path / "svc.db"
     cfg = Config()
     cfg.set_main_option("script_location", str(scripts))

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from checkback import CheckRequest, CheckStatus
-from checkback.barrier import BarrierResolver, TransactionFenced, record_commit
-from sdk.tables import LOCAL_TX
 from tests.conftest import run_cli
+from txbroker_checkback import CheckRequest, CheckStatus
+from txbroker_sdk.barrier import BarrierResolver, TransactionFenced, record_commit
+from txbroker_sdk.tables import LOCAL_TX
 
 
 def _check(tx_id: str) -> CheckRequest:
@@ -89,9 +89,9 @@ async def test_mounted_endpoint_refuses_forged_and_stale_checks_and_writes_nothi
     import msgspec
     from starlette.applications import Starlette
 
-    from checkback import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign
-    from checkback.barrier import mount
     from tests.httpserver import serve_app
+    from txbroker_checkback import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign
+    from txbroker_sdk.barrier import mount
 
     app = Starlette()
     path = mount(app, engine, {"orders": "s3cret"})

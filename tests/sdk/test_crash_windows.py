@@ -25,16 +25,16 @@ from sqlalchemy.ext.asyncio import create_async_engine as create_engine
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from checkback.barrier import BarrierResolver, TransactionFenced
-from sdk import Client, Consumer, transactional
-from sdk.tables import INBOX, LOCAL_TX
-from sdk.transactional import TxPublisher
 from tests.conftest import ROOT, BrokerProcess
 from tests.httpserver import serve_app
 from tests.sdk.service_child import ORDERS, PAYMENTS, TOPIC
 from tests.tx.conftest import FAST, GROUP, SECRET, tx_broker
-from txbroker.db import async_url
+from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
+from txbroker_sdk import Client, Consumer, transactional
+from txbroker_sdk.barrier import BarrierResolver, TransactionFenced
+from txbroker_sdk.database import async_url
+from txbroker_sdk.tables import INBOX, LOCAL_TX
+from txbroker_sdk.transactional import TxPublisher
 
 # A killed consumer never leaves its group; its queue moves on once its session expires.
 # 5 s still leaves two seconds over the SDK's 3 s heartbeat for a live one on a busy machine.

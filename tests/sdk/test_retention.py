@@ -12,11 +12,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sdk.retention import CleanupReport, Retention, clean_up
-from sdk.tables import INBOX, LOCAL_TX, OUTBOX
 from tests.conftest import run_cli
-from txbroker.db import async_url, upgrade
 from txbroker.errors import InvalidArgument
+from txbroker_sdk.database import async_url
+from txbroker_sdk.retention import CleanupReport, Retention, clean_up
+from txbroker_sdk.schema import upgrade
+from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(days=10)

@@ -11,9 +11,8 @@ import pytest
 from sqlalchemy import Table, column, func, select, table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sdk.tables import LOCAL_TX
 from tests.conftest import IN_CI, run_cli
-from tests.sdk.conftest import PG_URL
+from tests.databases import PG_URL
 from txbroker.bench.service_bench import (
     BREAKDOWN_MODES,
     MODES,
@@ -35,8 +34,9 @@ from txbroker.bench.service_db import (
     throwaway_database,
     verify,
 )
-from txbroker.db import async_url
 from txbroker.errors import InvalidArgument
+from txbroker_sdk.database import async_url
+from txbroker_sdk.tables import LOCAL_TX
 
 
 def _tiny(

@@ -18,15 +18,15 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from sdk import Client, ConsumedMessage, Consumer
-from sdk.client import ConnectionClosed
-from sdk.subscriber import Subscribers, apply_once
-from sdk.tables import INBOX
 from tests.conftest import BrokerProcess
-from txbroker.db import async_url
 from txbroker.errors import InvalidArgument, NotFound
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import DlqListResponse, DlqMessage, DlqRequest, SendRequest
+from txbroker_sdk import Client, ConsumedMessage, Consumer
+from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.database import async_url
+from txbroker_sdk.subscriber import Subscribers, apply_once
+from txbroker_sdk.tables import INBOX
 
 PAYMENTS = sa.Table(
     "payments",

@@ -15,17 +15,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback import CheckbackEndpoint
-from checkback.barrier import BarrierResolver
-from sdk import Client, Consumer
-from sdk.client import ConnectionClosed
-from sdk.tables import LOCAL_TX
-from sdk.transactional import TxPublisher
 from tests.conftest import BrokerProcess
 from tests.httpserver import serve_app
 from tests.tx.conftest import GROUP, SECRET, tx_broker
 from txbroker.errors import NotFound
 from txbroker.protocol.frames import Opcode
+from txbroker_checkback import CheckbackEndpoint
+from txbroker_sdk import Client, Consumer
+from txbroker_sdk.barrier import BarrierResolver
+from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.tables import LOCAL_TX
+from txbroker_sdk.transactional import TxPublisher
 
 ORDERS = sa.Table(
     "orders",

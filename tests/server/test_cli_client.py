@@ -51,7 +51,7 @@ def test_idempotent_send_prints_the_original_receipt(broker: BrokerProcess) -> N
 def test_binary_bodies_are_base64_with_a_marker(broker: BrokerProcess) -> None:
     import asyncio
 
-    from sdk import Client
+    from txbroker_sdk import Client
 
     async def send_binary() -> None:
         async with await Client.connect(broker.url) as c:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sdk import Client
 from txbroker.errors import BadRequest, FrameTooLarge, Internal
 from txbroker.protocol.frames import MAX_FRAME_BYTES, Opcode
 from txbroker.protocol.messages import Empty, HelloOk
 from txbroker.server.connection import Connection
+from txbroker_sdk import Client
 
 TOO_LARGE = b"x" * (MAX_FRAME_BYTES + 1)
 

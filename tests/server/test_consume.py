@@ -8,10 +8,10 @@ import itertools
 import time
 from pathlib import Path
 
-from sdk import Client, ConsumedMessage, Consumer
 from tests.conftest import BrokerProcess
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import DlqRequest, HeartbeatRequest, PullRequest
+from txbroker_sdk import Client, ConsumedMessage, Consumer
 
 
 async def _drain(consumer: Consumer, want: int, timeout_s: float = 20) -> list[ConsumedMessage]:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Client, Consumer
 from tests.conftest import BrokerProcess
 from txbroker.errors import TxbError
+from txbroker_sdk import Client, Consumer
 
 ROUNDS = 4
 PRODUCERS = 8

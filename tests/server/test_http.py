@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from sdk import Client, Consumer
 from tests.conftest import BrokerProcess
+from txbroker_sdk import Client, Consumer
 
 
 async def test_admin_endpoints(broker: BrokerProcess) -> None:

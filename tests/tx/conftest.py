@@ -11,9 +11,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 from tests.conftest import BrokerProcess
 from tests.httpserver import serve_app
+from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 
 SECRET = "s3cret"
 GROUP = "orders-svc"

@@ -8,11 +8,11 @@ import time
 import httpx
 import pytest
 
-from checkback import CheckStatus
-from sdk import Client, Consumer
 from tests.conftest import BrokerProcess, run_cli
 from tests.tx.conftest import GROUP, CheckServer, tx_broker
 from txbroker.errors import InvalidArgument, InvalidName, TransactionConflict, TransactionNotFound
+from txbroker_checkback import CheckStatus
+from txbroker_sdk import Client, Consumer
 
 
 async def _consume_all(c: Client, topic: str, group: str, quiet_ms: int = 700) -> list[bytes]:

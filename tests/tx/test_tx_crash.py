@@ -14,12 +14,12 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from sdk import Client, Consumer
 from tests.httpserver import serve_app
 from tests.tx.conftest import GROUP, SECRET, tx_broker
 from txbroker.errors import TxbError
-from txbroker.ids import new_id
+from txbroker.protocol.ids import new_id
+from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
+from txbroker_sdk import Client, Consumer
 
 ROUNDS = 4
 PRODUCERS = 6

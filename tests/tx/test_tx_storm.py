@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sdk import Client
 from tests.httpserver import serve_app
 from tests.tx.conftest import GROUP, tx_broker
+from txbroker_sdk import Client
 
 HALF_MESSAGES = 20_000
 CONCURRENCY = 8

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from txbroker.brokerproc import BrokerProcess
 from txbroker.protocol.messages import SendRequest
+from txbroker.runtime.brokerproc import BrokerProcess
 
 T = TypeVar("T")
 WARMUP_FRACTION = 0.1
@@ -92,7 +92,7 @@ class ProduceResult:
 async def _produce(
     url: str, flush: str, messages: int, size: int, producers: int, batch: int, inflight: int
 ) -> ProduceResult:
-    from sdk import Client
+    from txbroker_sdk import Client
 
     body = os.urandom(size)
     per = messages // producers
@@ -174,7 +174,7 @@ class E2EResult:
 
 
 async def _e2e(url: str, rate: int, seconds: float, size: int) -> tuple[float, list[float]]:
-    from sdk import Client, Consumer
+    from txbroker_sdk import Client, Consumer
 
     total = int(rate * seconds)
     pad = os.urandom(max(size - _STAMP.size, 0))

@@ -74,12 +74,7 @@ from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
-from checkback.barrier import BarrierResolver, record_commit
-from sdk import Client, ConsumedMessage, outbox
-from sdk.database import create_engine
-from sdk.subscriber import Subscribers
-from sdk.transactional import TxPublisher, encode_body
+import txbroker_outbox as outbox
 from txbroker.bench.broker_bench import (
     WARMUP_FRACTION,
     _pcts,
@@ -96,10 +91,16 @@ from txbroker.bench.service_db import (
     throwaway_database,
     verify,
 )
-from txbroker.httpserve import serving
-from txbroker.ids import new_id
 from txbroker.protocol.frames import Opcode
+from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import TxEndRequest
+from txbroker.runtime.httpserve import serving
+from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
+from txbroker_sdk import Client, ConsumedMessage
+from txbroker_sdk.barrier import BarrierResolver, record_commit
+from txbroker_sdk.database import create_engine
+from txbroker_sdk.subscriber import Subscribers
+from txbroker_sdk.transactional import TxPublisher, encode_body
 
 __all__ = [
     "BREAKDOWN_MODES",

@@ -28,10 +28,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import text
 
-from sdk.database import create_engine
-from txbroker import scratchdb
-from txbroker.db import upgrade
 from txbroker.errors import InvalidArgument, TxbError
+from txbroker_sdk import testing as scratchdb
+from txbroker_sdk.database import create_engine
+from txbroker_sdk.schema import upgrade
 
 __all__ = [
     "APPLIED",

@@ -24,9 +24,9 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 from txbroker.bench.broker_bench import _pcts, repeat_against_broker, run_client
-from txbroker.httpserve import serving
+from txbroker.runtime.httpserve import serving
+from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 
 GROUP = "bench"
 SECRET = "bench-secret"
@@ -81,7 +81,7 @@ async def _run(
     flush: str,
     connections: int,
 ) -> TxBenchResult:
-    from sdk import Client
+    from txbroker_sdk import Client
 
     body = os.urandom(size)
     check_url = http_base + "/check"

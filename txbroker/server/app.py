@@ -7,10 +7,11 @@ import logging
 import sys
 
 from txbroker import __version__
-from txbroker.brokerproc import READY_PREFIX
-from txbroker.httpserve import HttpServer
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
+from txbroker.runtime.brokerproc import READY_PREFIX
+from txbroker.runtime.httpserve import HttpServer
+from txbroker.runtime.signals import stop_on_signals
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
@@ -22,9 +23,9 @@ from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
-from txbroker.shutdown import stop_on_signals
-from txbroker.snapshot import Snapshot
+from txbroker.server.txports import TxPublishing
 from txbroker.store import MessageStore, StoreConfig
+from txbroker.store.snapshot import Snapshot
 from txbroker.tx.checker import BackChecker, CheckSettings
 from txbroker.tx.coordinator import TxCoordinator, TxSettings
 
@@ -93,9 +94,7 @@ class BrokerServer:
         self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier, retry)
         self.tx = TxCoordinator(
             self.store,
-            self.topics,
-            producer,
-            self.scheduler,
+            TxPublishing(producer, self.scheduler, self.topics),
             cfg.data_dir / "meta",
             TxSettings(
                 cfg.tx_timeout_ms, secrets=cfg.tx_secrets, default_secret=cfg.tx_default_secret

@@ -23,7 +23,7 @@ from txbroker.errors import BadRequest, Internal, ProtocolError, TxbError, Unaut
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
-from txbroker.turnwriter import TurnWriter
+from txbroker.runtime.turnwriter import TurnWriter
 
 __all__ = ["Connection", "DirectHandler", "Handler"]
 

@@ -29,7 +29,6 @@ import msgspec
 
 from txbroker.errors import InvalidArgument
 from txbroker.server.topics import TopicRegistry
-from txbroker.snapshot import Snapshot
 from txbroker.store import (
     PROP_INTERNAL_KEY,
     KeyKind,
@@ -37,6 +36,7 @@ from txbroker.store import (
     MessageStore,
     StoredMessage,
 )
+from txbroker.store.snapshot import Snapshot
 
 __all__ = ["LEVELS_MS", "MAX_DELAY_MS", "SCHEDULE_TOPIC", "DelayScheduler"]
 

@@ -23,8 +23,8 @@ from typing import Final
 import msgspec
 
 from txbroker.errors import InvalidArgument, StaleGeneration
-from txbroker.names import validate_topic
-from txbroker.snapshot import Snapshot
+from txbroker.protocol.names import validate_topic
+from txbroker.store.snapshot import Snapshot
 
 __all__ = ["ConsumeMode", "GroupCoordinator", "allocate_average"]
 

@@ -20,8 +20,8 @@ from typing import Final
 import google_crc32c
 
 from txbroker.errors import InvalidArgument
-from txbroker.names import validate_topic
 from txbroker.protocol.messages import SendReceipt, SendRequest
+from txbroker.protocol.names import validate_topic
 from txbroker.server.delay import (
     PROP_TARGET_QUEUE,
     PROP_TARGET_TOPIC,

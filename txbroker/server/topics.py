@@ -10,9 +10,9 @@ from typing import Final
 
 import msgspec
 
-from txbroker.atomicfile import write_atomic
 from txbroker.errors import InvalidArgument, NotFound, TopicExists
-from txbroker.names import validate_topic
+from txbroker.protocol.names import validate_topic
+from txbroker.store.atomicfile import write_atomic
 
 __all__ = ["MAX_QUEUES", "Topic", "TopicRegistry"]
 

@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from txbroker.atomicfile import write_atomic
+from txbroker.store.atomicfile import write_atomic
 from txbroker.store.mapped import fsync_dir
 
 __all__ = ["Checkpoint", "ShutdownMarker", "read_checkpoint", "write_checkpoint"]

@@ -35,8 +35,8 @@ from txbroker.errors import (
     StoreFailed,
     StoreLocked,
 )
-from txbroker.ids import new_id
-from txbroker.names import validate_topic
+from txbroker.protocol.ids import new_id
+from txbroker.protocol.names import validate_topic
 from txbroker.store.checkpoint import (
     Checkpoint,
     ShutdownMarker,

@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
 from txbroker.errors import TransactionConflict, TxbError
 from txbroker.tx.coordinator import TxCoordinator
 from txbroker.tx.state import Decision, Resolver, Tx, TxState
+from txbroker_checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
 
 __all__ = ["BackChecker", "CheckSettings"]
 

@@ -38,8 +38,7 @@ from txbroker.errors import (
     TransactionNotFound,
     TxbError,
 )
-from txbroker.ids import new_id
-from txbroker.names import validate_topic
+from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import (
     SendRequest,
     TxEndResponse,
@@ -47,10 +46,7 @@ from txbroker.protocol.messages import (
     TxPrepareRequest,
     TxPrepareResponse,
 )
-from txbroker.server.delay import DelayScheduler
-from txbroker.server.producer import Producer
-from txbroker.server.topics import TopicRegistry
-from txbroker.snapshot import Snapshot
+from txbroker.protocol.names import validate_topic
 from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
@@ -61,6 +57,8 @@ from txbroker.store import (
     RecordFlag,
     StoredMessage,
 )
+from txbroker.store.snapshot import Snapshot
+from txbroker.tx.ports import Publishing
 from txbroker.tx.state import (
     HALF_ONLY,
     HALF_TOPIC,
@@ -130,17 +128,13 @@ class TxCoordinator:
     def __init__(
         self,
         store: MessageStore,
-        topics: TopicRegistry,
-        producer: Producer,
-        scheduler: DelayScheduler,
+        publishing: Publishing,
         meta_dir: Path,
         settings: TxSettings,
         on_visible: Callable[[str, int], None],
     ) -> None:
         self._store = store
-        self._topics = topics
-        self._producer = producer
-        self._scheduler = scheduler
+        self._publishing = publishing
         self._path = meta_dir / STATE_FILE
         self.settings = settings
         self._on_visible = on_visible
@@ -228,9 +222,9 @@ class TxCoordinator:
         send = SendRequest(
             req.topic, req.body, req.key, req.tags, req.headers, None, req.message_id
         )
-        msg = self._producer.to_message(send)  # validates topic, key, queue choice
+        msg = self._publishing.to_message(send)  # validates topic, key, queue choice
         if req.deliver_at_ms is not None:
-            self._scheduler.prepare(msg, req.deliver_at_ms)  # refuses an impossible time now
+            self._publishing.schedule(msg, req.deliver_at_ms)  # refuses an impossible time now
         mid = msg.properties.get(PROP_MESSAGE_ID) or new_id()
         op_mark = self._store.queue_range(OP_TOPIC, 0)[1]
         props = {
@@ -463,8 +457,8 @@ class TxCoordinator:
         msg = Message(topic, body, queue_id, props, _TX_COMMITTED, born_ms)
         deliver_at = half_props.get(PROP_DELIVER_AT)
         if deliver_at is not None and int(deliver_at) > time.time_ns() // 1_000_000:
-            res = self._store.append_nowait(self._scheduler.prepare(msg, int(deliver_at)))
-            self._scheduler.notify(res.queue_id)
+            res = self._store.append_nowait(self._publishing.schedule(msg, int(deliver_at)))
+            self._publishing.scheduled(res.queue_id)
             return None
         self._store.append_nowait(msg)
         return (topic, queue_id)
@@ -544,8 +538,8 @@ class TxCoordinator:
     async def recover(self) -> None:
         """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
         marks (and complete commits recorded as op records by an earlier version)."""
-        self._topics.ensure_system(HALF_TOPIC, 1)
-        self._topics.ensure_system(OP_TOPIC, 1)
+        self._publishing.ensure_system_topic(HALF_TOPIC, 1)
+        self._publishing.ensure_system_topic(OP_TOPIC, 1)
         saved = _Saved()
         if self._path.exists():
             saved = msgspec.json.decode(self._path.read_bytes(), type=_Saved)

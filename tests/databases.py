@@ -1,4 +1,5 @@
-"""Database fixtures: a migrated SQLite file, and a migrated throwaway PostgreSQL database.
+"""Database fixtures, shared by every suite that needs a service database (registered in
+tests/conftest.py): a migrated SQLite file, and a migrated throwaway PostgreSQL database.
 
 PostgreSQL tests need the server at TXB_TEST_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/test). By hand they skip when it is not there; with
@@ -19,8 +20,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.conftest import IN_CI
-from txbroker.db import async_url, upgrade
-from txbroker.scratchdb import create_database, drop_database
+from txbroker_sdk.database import async_url
+from txbroker_sdk.schema import upgrade
+from txbroker_sdk.testing import create_database, drop_database
 
 T = TypeVar("T")
 PG_URL = os.environ.get("TXB_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

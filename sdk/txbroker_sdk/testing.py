@@ -14,8 +14,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from txbroker.db import async_url
 from txbroker.errors import InvalidArgument
+from txbroker_sdk.database import async_url
 
 __all__ = ["create_database", "drop_database", "postgresql_server", "scratch_database"]
 

@@ -19,12 +19,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
-from sdk import Client, Consumer
-from sdk.outbox import Relay, add
-from sdk.tables import OUTBOX
 from tests.conftest import ROOT, BrokerProcess, run_cli
-from txbroker.db import async_url
 from txbroker.errors import InvalidArgument
+from txbroker_outbox import Relay, add
+from txbroker_sdk import Client, Consumer
+from txbroker_sdk.database import async_url
+from txbroker_sdk.tables import OUTBOX
 
 TOPIC = "orders"
 

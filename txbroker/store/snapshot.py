@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from txbroker.atomicfile import write_atomic
+from txbroker.store.atomicfile import write_atomic
 
 __all__ = ["Snapshot"]
 

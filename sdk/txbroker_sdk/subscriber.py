@@ -15,7 +15,7 @@ raises rolls its transaction back and the message is nacked: retried after a del
 dead-lettered.
 
 Concurrency: up to ``concurrency`` messages of a subscription are handled at once, in lanes
-(:mod:`sdk.lanes`). ``order="queue"`` keeps one lane per queue, so a queue's messages are
+(:mod:`txbroker_sdk.lanes`). ``order="queue"`` keeps one lane per queue, so a queue's messages are
 handled one after the other, in order; ``order="key"`` keeps one lane per message key within a
 queue, so only messages with the same key wait for each other (a message without a key has no
 order to keep and gets a lane of its own). Each handler holds a database connection, so keep
@@ -44,12 +44,12 @@ from typing import Final, Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from sdk import faults
-from sdk.client import Client
-from sdk.consumer import ConsumedMessage, Consumer
-from sdk.lanes import Lanes
-from sdk.tables import INBOX, insert_if_absent
 from txbroker.errors import InvalidArgument, TxbError
+from txbroker_sdk import faults
+from txbroker_sdk.client import Client
+from txbroker_sdk.consumer import ConsumedMessage, Consumer
+from txbroker_sdk.lanes import Lanes
+from txbroker_sdk.tables import INBOX, insert_if_absent
 
 __all__ = ["Handler", "Order", "Subscribers", "apply_once"]
 

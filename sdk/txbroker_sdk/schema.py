@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 from pathlib import Path
 
 from txbroker.errors import InvalidArgument
+from txbroker_sdk.database import async_url
 
-__all__ = ["async_url", "upgrade"]
-
-_ASYNC_DRIVERS = {
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-    "sqlite": "sqlite+aiosqlite",
-}
+__all__ = ["upgrade"]
 
 
-def async_url(url: str) -> str:
-    """Map a plain database URL to the async driver the SDK uses (asyncpg, aiosqlite)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise InvalidArgument(f"not a database URL: {url!r} (e.g. postgresql://user@host/db)")
-    if "+" in scheme:
-        return url
-    if scheme not in _ASYNC_DRIVERS:
-        raise InvalidArgument(f"unsupported database {scheme!r}: use postgresql or sqlite")
-    return f"{_ASYNC_DRIVERS[scheme]}://{rest}"
+def migrations_dir() -> Path:
+    """Where the Alembic scripts are: the ``txbroker_migrations`` package's folder, found by name
+    rather than imported, because its env.py imports this package's tables (the scripts are this
+    package's data; they sit in their own folder, ``migrations/``, as the design card lays out)."""
+    spec = importlib.util.find_spec("txbroker_migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise InvalidArgument("the txbroker_migrations package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def upgrade(url: str, revision: str = "heads") -> None:
@@ -47,9 +41,7 @@ def _upgrade(url: str, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
 
-    import migrations
-
-    root = Path(migrations.__file__).resolve().parent
+    root = migrations_dir()
     cfg = Config()
     cfg.set_main_option("script_location", str(root))
     cfg.set_main_option("sqlalchemy.url", async_url(url).replace("%", "%%"))

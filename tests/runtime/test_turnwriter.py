@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from txbroker.turnwriter import TurnWriter
+from txbroker.runtime.turnwriter import TurnWriter
 
 
 async def test_one_write_per_turn_in_order() -> None:

@@ -11,7 +11,7 @@ transaction has locked (they go next round).
 
 * ``txb_local_tx`` (the barrier) must outlive every back-check the broker may still send. A
   check that finds no row records ``rolled_back`` and answers ROLLBACK
-  (:class:`checkback.barrier.BarrierResolver`), so deleting the ``committed`` row of a
+  (:class:`txbroker_sdk.barrier.BarrierResolver`), so deleting the ``committed`` row of a
   transaction whose END_TX never arrived turns a committed business transaction into a
   discarded message. With the broker's defaults checks stop after about 45 minutes, but a
   transaction whose check endpoint is unreachable is checked for as long as that lasts, and a
@@ -41,8 +41,8 @@ from typing import Any
 from sqlalchemy import Column, ColumnElement, Table, delete, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sdk.tables import INBOX, LOCAL_TX, OUTBOX
 from txbroker.errors import InvalidArgument
+from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 
 __all__ = ["CleanupReport", "Retention", "clean_up", "clean_up_url"]
 
@@ -148,7 +148,7 @@ async def clean_up_url(
     url: str, *, keep: timedelta = DEFAULT_KEEP, batch_size: int = 1000
 ) -> CleanupReport:
     """:func:`clean_up` on a database URL (postgresql:// or sqlite://), for the CLI."""
-    from sdk.database import create_engine
+    from txbroker_sdk.database import create_engine
 
     engine = create_engine(url)  # SQLite: WAL and the SDK's busy timeout
     try:

@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy import Connection, pool
 from sqlalchemy.ext.asyncio import async_engine_from_config
 
-from sdk.tables import metadata
+from txbroker_sdk.tables import metadata
 
 VERSION_TABLE = "txb_alembic_version"
 config = context.config

@@ -24,10 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from checkback.contract import CheckRequest, CheckStatus
-from checkback.endpoint import CheckbackEndpoint
-from sdk.tables import LOCAL_TX, insert_if_absent
 from txbroker.errors import TxbError
+from txbroker_checkback.contract import CheckRequest, CheckStatus
+from txbroker_checkback.endpoint import CheckbackEndpoint
+from txbroker_sdk.tables import LOCAL_TX, insert_if_absent
 
 __all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
 

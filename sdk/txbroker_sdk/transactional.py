@@ -29,13 +29,13 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from checkback.barrier import record_commit
-from sdk import faults
-from sdk.client import Client, prepare_request
 from txbroker.errors import TxbError
-from txbroker.ids import new_id
 from txbroker.protocol.frames import Opcode
+from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import TxEndRequest
+from txbroker_sdk import faults
+from txbroker_sdk.barrier import record_commit
+from txbroker_sdk.client import Client, prepare_request
 
 __all__ = ["TxPublisher", "encode_body"]
 

@@ -1,6 +1,6 @@
 """The service side: a Starlette endpoint that answers the broker's check-backs.
 
-    from checkback import CheckbackEndpoint
+    from txbroker_checkback import CheckbackEndpoint
 
     endpoint = CheckbackEndpoint(resolver, secrets)
     app = Starlette(routes=[Route("/txb/check", endpoint, methods=["POST"])])
@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from checkback.contract import MAX_BODY_BYTES, CheckRequest, CheckStatus
-from checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, MAX_SKEW_MS, verify
+from txbroker_checkback.contract import MAX_BODY_BYTES, CheckRequest, CheckStatus
+from txbroker_checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, MAX_SKEW_MS, verify
 
 __all__ = ["CheckbackEndpoint", "Resolver"]
 

@@ -239,7 +239,7 @@ def _bench_service(args: argparse.Namespace) -> int:
 def _db_upgrade(args: argparse.Namespace) -> int:
     import os
 
-    from txbroker.db import upgrade
+    from txbroker_sdk.schema import upgrade
 
     url = args.url or os.environ.get("TXB_DATABASE_URL")
     if not url:
@@ -255,7 +255,7 @@ def _db_clean(args: argparse.Namespace) -> int:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from sdk.retention import clean_up_url
+    from txbroker_sdk.retention import clean_up_url
 
     url = args.url or os.environ.get("TXB_DATABASE_URL")
     if not url:
@@ -277,7 +277,7 @@ def _outbox_relay(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from txbroker.cli_outbox import relay_main
+    from txbroker_outbox.runner import relay_main
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -299,23 +299,6 @@ def _outbox_relay(args: argparse.Namespace) -> int:
         )
     )
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """The end-to-end demo: broker, three services, orders under injected crashes."""
-    from examples.demo import DemoOptions, run_demo
-
-    opts = DemoOptions(
-        orders=args.orders,
-        database_url=args.database_url,
-        faults=not args.no_faults,
-        kills=args.kills,
-        concurrency=args.concurrency,
-        settle_timeout_s=args.settle_timeout,
-        work_dir=Path(args.work_dir) if args.work_dir else None,
-        keep=args.keep,
-    )
-    return _run(run_demo(opts))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -348,23 +331,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the damage on instead of refusing to start (data loss: for operators, after a backup)",
     )
     sv.set_defaults(func=_serve)
-
-    demo = sub.add_parser("demo", help="run the project's demonstration on embedded defaults")
-    demo.add_argument("--orders", type=_positive, default=2000, help="orders to place")
-    demo.add_argument(
-        "--database-url",
-        help="run the services on this PostgreSQL server (a throwaway database is created "
-        "on it and dropped afterwards); default: SQLite files",
-    )
-    demo.add_argument("--no-faults", action="store_true", help="no crashes, no handler failures")
-    demo.add_argument(
-        "--kills", type=_non_negative, default=2, help="crashes injected per service (default 2)"
-    )
-    demo.add_argument("--concurrency", type=_positive, default=8, help="orders in flight")
-    demo.add_argument("--settle-timeout", type=float, default=180.0, help="seconds")
-    demo.add_argument("--work-dir", help="keep the broker data, databases and logs here")
-    demo.add_argument("--keep", action="store_true", help="keep the work directory/database")
-    demo.set_defaults(func=_demo)
 
     db = sub.add_parser("db", help="the SDK's tables in a service's database")
     dsub = db.add_subparsers(dest="db_command", required=True)
@@ -401,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--auth-token", help="the broker's auth token (TXB_AUTH_TOKEN)")
     rl.set_defaults(func=_outbox_relay)
 
-    from txbroker.cli_client import register
+    from txbroker.cli.client import register
 
     register(sub)
 
@@ -519,7 +485,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

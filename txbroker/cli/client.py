@@ -45,7 +45,7 @@ def _body_fields(body: bytes) -> dict[str, Any]:
 async def _with_client(
     args: argparse.Namespace, fn: Callable[[Any], Coroutine[Any, Any, int]]
 ) -> int:
-    from sdk import Client
+    from txbroker_sdk import Client
 
     async with await Client.connect(_server(args), auth_token=_token(args)) as client:
         return await fn(client)
@@ -125,7 +125,7 @@ async def _send(args: argparse.Namespace) -> int:
 
 
 async def _consume(args: argparse.Namespace) -> int:
-    from sdk import Consumer
+    from txbroker_sdk import Consumer
 
     async def run(c: Any) -> int:
         n = 0

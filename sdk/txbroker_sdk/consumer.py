@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Final
 
-from sdk.client import Client
 from txbroker.errors import StaleGeneration, TxbError
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
@@ -34,6 +33,7 @@ from txbroker.protocol.messages import (
     PullResponse,
     QueuePosition,
 )
+from txbroker_sdk.client import Client
 
 __all__ = ["ConsumedMessage", "Consumer"]
 

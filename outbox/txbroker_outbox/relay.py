@@ -1,22 +1,20 @@
-"""The transactional outbox: write a message in the business transaction; a relay publishes it.
-
-    async with sessions() as session, session.begin():
-        await session.execute(orders.insert().values(id="o-42"))
-        await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
+"""The outbox relay: claims unpublished rows in id order and publishes them.
 
     relay = Relay(client, engine, namespace="orders-db")
     await relay.run(stop)  # until the stop event is set
 
-The relay claims unpublished rows in id order, sends each with the idempotency key
-``outbox:<namespace>:<id>``, marks it published and commits. Several relays may run: on
-PostgreSQL the claim locks its rows (``FOR UPDATE SKIP LOCKED``), on SQLite it holds the
-database's write lock, so a row is in one relay's hands at a time. A relay that dies between a
-send and its mark sends the row again and the broker answers with the original receipt
-(``duplicate``), so no second copy is stored, as long as the resend comes within the broker's
-``dedup_window_ms`` (24 h by default): a row left unmarked longer than that is stored twice.
+It sends each row with the idempotency key ``outbox:<namespace>:<id>``, marks it published and
+commits. Several relays may run: on PostgreSQL the claim locks its rows (``FOR UPDATE SKIP
+LOCKED``), on SQLite it holds the database's write lock, so a row is in one relay's hands at a
+time. A relay that dies between a send and its mark sends the row again and the broker answers
+with the original receipt (``duplicate``), so no second copy is stored, as long as the resend
+comes within the broker's ``dedup_window_ms`` (24 h by default): a row left unmarked longer
+than that is stored twice.
 
 With ``ordered`` (the default) rows of one key are published in id order, also across relays: a
-row waits while an earlier unpublished row of its key is outside this relay's batch.
+row waits while an earlier unpublished row of its key is outside this relay's batch. It wakes on
+PostgreSQL's NOTIFY (sent by :func:`txbroker_outbox.add` when its transaction commits) and
+polls on SQLite.
 """
 
 from __future__ import annotations
@@ -25,26 +23,23 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import Row, Select, func, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sdk import faults
-from sdk.client import Client
-from sdk.tables import OUTBOX
-from sdk.transactional import encode_body
 from txbroker.errors import InvalidArgument, TxbError
-from txbroker.names import validate_topic
+from txbroker_outbox.writer import CHANNEL
+from txbroker_sdk import faults
+from txbroker_sdk.client import Client
+from txbroker_sdk.tables import OUTBOX
 
-__all__ = ["CHANNEL", "Relay", "add"]
+__all__ = ["Relay"]
 
 log = logging.getLogger(__name__)
 
-CHANNEL: Final = "txb_outbox"  # PostgreSQL NOTIFY channel: a committed add wakes the relays
 MAX_BATCH: Final = 1000  # ids go into IN (...) lists: keep them well under bind-parameter limits
 BACKOFF_MIN_S: Final = 0.1
 BACKOFF_MAX_S: Final = 5.0
@@ -54,52 +49,6 @@ HELD_RETRY_S: Final = 0.05
 # The relay holds SQLite's write lock while it publishes a batch; others wait this long for it.
 _SQLITE_BUSY: Final = text("PRAGMA busy_timeout = 10000")
 _NAMESPACE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-
-
-def _max_len(column: Any) -> int:
-    length: int = column.type.length
-    return length
-
-
-def _check_identifier(name: str, value: str | None, column: Any) -> None:
-    # The broker refuses these too, but only when the relay sends: a row it refuses would stay
-    # in the outbox forever (and hold back its key), so refuse it here, in the caller's code.
-    if value is None:
-        return
-    limit = _max_len(column)
-    if not value or len(value.encode()) > limit or " " in value:
-        raise InvalidArgument(f"outbox {name} must be 1-{limit} bytes with no spaces: {value!r}")
-
-
-async def add(
-    session: AsyncSession | AsyncConnection,
-    topic: str,
-    body: object,
-    *,
-    key: str | None = None,
-    tags: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> int:
-    """Insert an outbox row in the caller's transaction; return its id. ``body``: bytes as
-    they are, str as UTF-8, anything else as JSON."""
-    validate_topic(topic, allow_system=False)
-    if len(topic) > _max_len(OUTBOX.c.topic):  # pragma: no cover - validate_topic's bound
-        raise InvalidArgument(f"outbox topic longer than {_max_len(OUTBOX.c.topic)}: {topic!r}")
-    _check_identifier("key", key, OUTBOX.c.key)
-    _check_identifier("tags", tags, OUTBOX.c.tags)
-    values: dict[str, Any] = {"topic": topic, "key": key, "tags": tags, "body": encode_body(body)}
-    if headers:
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-            raise InvalidArgument("outbox headers must map str to str")
-        values["headers"] = dict(headers)
-    row_id: int = (
-        await session.execute(OUTBOX.insert().values(values).returning(OUTBOX.c.id))
-    ).scalar_one()
-    bind = session.get_bind() if isinstance(session, AsyncSession) else session
-    if bind.dialect.name == "postgresql":
-        # Delivered when (and only if) this transaction commits: the relays wake then.
-        await session.execute(select(func.pg_notify(CHANNEL, "")))
-    return row_id
 
 
 @dataclass

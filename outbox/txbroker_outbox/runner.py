@@ -14,13 +14,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from sdk.client import Client
-from sdk.database import create_engine
-from sdk.outbox import Relay
-from sdk.tables import OUTBOX
-from txbroker.db import async_url
 from txbroker.errors import TxbError
-from txbroker.shutdown import stop_on_signals
+from txbroker.runtime.signals import stop_on_signals
+from txbroker_outbox.relay import Relay
+from txbroker_sdk.client import Client
+from txbroker_sdk.database import async_url, create_engine
+from txbroker_sdk.tables import OUTBOX
 
 __all__ = ["PROGRESS_INTERVAL_S", "relay_main"]
 

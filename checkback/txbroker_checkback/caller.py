@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import httpx
 import msgspec
 
-from checkback.contract import CheckRequest, CheckStatus
-from checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign
+from txbroker_checkback.contract import CheckRequest, CheckStatus
+from txbroker_checkback.signing import HEADER_SIGNATURE, HEADER_TIMESTAMP, sign
 
 __all__ = ["CheckOutcome", "CheckResult", "call_check"]
 

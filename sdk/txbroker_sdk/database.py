@@ -16,9 +16,28 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from txbroker.db import async_url
+from txbroker.errors import InvalidArgument
 
-__all__ = ["create_engine"]
+__all__ = ["async_url", "create_engine"]
+
+_ASYNC_DRIVERS = {
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+}
+
+
+def async_url(url: str) -> str:
+    """Map a plain database URL to the async driver the SDK uses (asyncpg, aiosqlite)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise InvalidArgument(f"not a database URL: {url!r} (e.g. postgresql://user@host/db)")
+    if "+" in scheme:
+        return url
+    if scheme not in _ASYNC_DRIVERS:
+        raise InvalidArgument(f"unsupported database {scheme!r}: use postgresql or sqlite")
+    return f"{_ASYNC_DRIVERS[scheme]}://{rest}"
+
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
 

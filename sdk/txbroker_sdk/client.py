@@ -28,9 +28,9 @@ from txbroker.errors import (
     TxbError,
     error_class,
 )
-from txbroker.ids import new_id
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import (
     Empty,
     Hello,
@@ -53,7 +53,7 @@ from txbroker.protocol.messages import (
     decode_response,
     encode_body,
 )
-from txbroker.turnwriter import TurnWriter
+from txbroker.runtime.turnwriter import TurnWriter
 
 __all__ = [
     "Client",
