@@ -39,9 +39,9 @@ def _tracked_copy(dest: Path) -> Path:
 def test_the_wheel_installs_only_txbroker_packages_with_their_data(tmp_path: Path) -> None:
     src = _tracked_copy(tmp_path / "src")
     out = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--wheel-dir", str(out), str(src)],
+        [*pip, "--wheel-dir", str(out), str(src)],
         check=True,
         timeout=240,
     )
