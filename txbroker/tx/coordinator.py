@@ -9,34 +9,30 @@ commit, the *visible copy* in the real topic (same message id, same body); for a
 either in the log or not, and a transaction without one is still open (a back-check decides).
 Parking and resuming append op records too (without the key).
 
-Everything the coordinator knows is rebuilt at start from ``%HALF``, ``%TXOP`` and the index,
-reading from low-water marks saved in ``meta/tx.json`` (the oldest unresolved half record, and
-the op-topic end offset when it was prepared), so restart cost follows the unresolved window,
-not history.
+This module holds what runs per PREPARE and END_TX: the half record, the fenced resolution and
+its decision record, and the hand-off to the group commit. Around it: what a PREPARE must name
+(``txbroker.tx.admission``), the back-checks (``txbroker.tx.checker``), parking and resuming
+(``txbroker.tx.parking``), and the rebuild of everything the coordinator knows at start from
+``%HALF``, ``%TXOP`` and the index (``txbroker.tx.recovery``, which also writes the state file
+that keeps that rebuild short).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
-from urllib.parse import urlsplit
-
-import msgspec
 
 from txbroker.errors import (
-    InvalidArgument,
     StoreFailed,
     TooManyTransactions,
     TransactionConflict,
     TransactionNotFound,
-    TxbError,
 )
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import (
@@ -46,7 +42,6 @@ from txbroker.protocol.messages import (
     TxPrepareRequest,
     TxPrepareResponse,
 )
-from txbroker.protocol.names import validate_topic
 from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
@@ -55,10 +50,12 @@ from txbroker.store import (
     Message,
     MessageStore,
     RecordFlag,
-    StoredMessage,
 )
 from txbroker.store.snapshot import Snapshot
+from txbroker.tx import parking
+from txbroker.tx.admission import Admission
 from txbroker.tx.ports import Publishing
+from txbroker.tx.recovery import STATE_FILE, encode_state, recover_open
 from txbroker.tx.state import (
     HALF_ONLY,
     HALF_TOPIC,
@@ -88,15 +85,9 @@ __all__ = ["TxCoordinator", "TxSettings"]
 
 log = logging.getLogger(__name__)
 
-STATE_FILE: Final = "tx.json"
-_TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # This many ended transactions stay in memory for cheap duplicate END_TX answers; older ones
 # are answered from their decision records (txend:<tx>) through the index.
 RECENT_MAX: Final = 100_000
-SCAN_BATCH: Final = 512
-# Producer groups and check URLs validated once are remembered (up to this many each), so a
-# PREPARE re-validates only names it has not seen.
-SEEN_MAX: Final = 4096
 _A = TypeVar("_A", TxPrepareResponse, TxEndResponse)
 # Plain ints: IntFlag arithmetic runs in Python and showed up on the append path.
 _TX_HALF: Final = int(RecordFlag.TX_HALF)
@@ -118,12 +109,6 @@ class TxSettings:
     max_open: int = 1_000_000
 
 
-class _Saved(msgspec.Struct):
-    half_low: int = 0
-    op_low: int = 0
-    checks: dict[str, tuple[int, int, str]] = msgspec.field(default_factory=dict)
-
-
 class TxCoordinator:
     def __init__(
         self,
@@ -140,17 +125,16 @@ class TxCoordinator:
         self._on_visible = on_visible
         self.open: dict[str, Tx] = {}  # prepared and parked
         self._recent: OrderedDict[str, Tx] = OrderedDict()  # ended, newest last
-        self.snapshot = Snapshot(self._path, self._encode_state)
+        self.snapshot = Snapshot(self._path, lambda: encode_state(self._store, self.open))
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
         self._cached_bytes = 0
-        self._groups_seen: set[str] = set()
-        self._urls_seen: set[str] = set()
-
-    # --- secrets ---
-
-    def secret_for(self, group: str) -> str | None:
-        return self.settings.secrets.get(group, self.settings.default_secret)
+        admission = Admission(
+            settings.secrets, settings.default_secret, settings.timeout_ms, settings.max_timeout_ms
+        )
+        # Bound once: a PREPARE makes one call to validate, as when this was a method here.
+        self._check_prepare: Callable[[TxPrepareRequest], tuple[str, int]] = admission.check
+        self.secret_for: Callable[[str], str | None] = admission.secret_for
 
     # --- prepare ---
 
@@ -182,33 +166,6 @@ class TxCoordinator:
             raise TransactionConflict(f"transaction {tx_id} has already ended")
         answer = self._write_half(req, tx_id, timeout)
         return answer if isinstance(answer, TxPrepareResponse) else await answer
-
-    def _check_prepare(self, req: TxPrepareRequest) -> tuple[str, int]:
-        """Validate what a PREPARE names; its transaction id (chosen here if the client did
-        not) and timeout."""
-        group = req.producer_group
-        if group not in self._groups_seen:
-            validate_topic(group, allow_system=False)
-            if self.secret_for(group) is None:
-                raise InvalidArgument(
-                    f"no check-back secret is configured for producer group {group!r} "
-                    "(serve --tx-secret GROUP=SECRET)"
-                )
-            if len(self._groups_seen) < SEEN_MAX:
-                self._groups_seen.add(group)
-        if req.check_url not in self._urls_seen:
-            url = urlsplit(req.check_url)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise InvalidArgument(f"check_url must be an http(s) URL, not {req.check_url!r}")
-            if len(self._urls_seen) < SEEN_MAX:
-                self._urls_seen.add(req.check_url)
-        timeout = self.settings.timeout_ms if req.timeout_ms is None else req.timeout_ms
-        if not 0 < timeout <= self.settings.max_timeout_ms:
-            raise InvalidArgument(f"timeout_ms must be 1..{self.settings.max_timeout_ms}")
-        tx_id = req.tx_id or new_id()
-        if _TX_ID.fullmatch(tx_id) is None:
-            raise InvalidArgument("tx_id must be 1-64 characters of A-Z a-z 0-9 _ -")
-        return tx_id, timeout
 
     def _write_half(
         self, req: TxPrepareRequest, tx_id: str, timeout: int
@@ -423,25 +380,10 @@ class TxCoordinator:
         self.counters[tx.state.value] += 1
         self.snapshot.mark()
 
-    async def _append_visible(
-        self,
-        tx_id: str,
-        half_phys: int,
-        *,
-        check_existing: bool = True,
-        half: tuple[bytes, dict[str, str], int] | None = None,
-        by: Resolver,
-        key: str | None = None,
-    ) -> tuple[str, int] | None:
-        """Append the committed copy (the commit's decision record, key ``txend:<tx>``) unless
-        it exists; return where it went (to notify)."""
-        key = key or f"txend:{tx_id}"
-        if check_existing and await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
-            return None
-        if half is None:
-            stored = await self._store.read(half_phys)
-            half = (stored.body, stored.properties, stored.born_timestamp_ms)
-        return self._append_copy(tx_id, half, by, key)
+    def _remember(self, tx: Tx) -> None:
+        self._recent[tx.tx_id] = tx
+        while len(self._recent) > RECENT_MAX:
+            self._recent.popitem(last=False)
 
     def _append_copy(
         self, tx_id: str, half: tuple[bytes, dict[str, str], int], by: Resolver, key: str
@@ -463,43 +405,20 @@ class TxCoordinator:
         self._store.append_nowait(msg)
         return (topic, queue_id)
 
+    # --- parking ---
+
     async def park(self, tx: Tx, reason: str) -> None:
-        transition(tx, TxState.PARKED)
-        tx.last_reason = reason
-        self._op(tx, "park", Resolver.CHECK, reason)
+        parking.park(self._store, tx, reason)
         self.snapshot.mark()
 
     async def resume(self, tx_id: str) -> TxEndResponse:
-        tx = self.open.get(tx_id)
-        if tx is None or tx.state is not TxState.PARKED:
-            state = tx.state.value if tx else "not open"
-            raise TransactionConflict(f"only a parked transaction can resume; {tx_id} is {state}")
-        transition(tx, TxState.PREPARED)
-        tx.checks = tx.attempts = 0
-        tx.next_check_ms = time.time_ns() // 1_000_000
-        tx.last_reason = "resumed by an operator"
-        self._op(tx, "resume", Resolver.OPERATOR, tx.last_reason)
+        tx = parking.resume(self._store, tx_id, self.open.get(tx_id))
         self.snapshot.mark()
         durable = self._store.durable()
         if durable is not None:
             await durable
         self.on_prepared(tx)
         return TxEndResponse(tx_id, tx.state.value, Resolver.OPERATOR.value)
-
-    def _op(self, tx: Tx, op: str, by: Resolver, why: str) -> None:
-        props = {
-            PROP_TX: tx.tx_id,
-            PROP_OP: op,
-            PROP_HALF_PHYS: str(tx.half_phys),
-            PROP_BY: by.value,
-            PROP_REASON: why[:500],
-        }
-        self._store.append_nowait(Message(OP_TOPIC, b"", 0, props, _TX_OP))
-
-    def _remember(self, tx: Tx) -> None:
-        self._recent[tx.tx_id] = tx
-        while len(self._recent) > RECENT_MAX:
-            self._recent.popitem(last=False)
 
     # --- queries ---
 
@@ -521,75 +440,14 @@ class TxCoordinator:
     def count(self, state: TxState) -> int:
         return sum(1 for tx in self.open.values() if tx.state is state)
 
-    # --- persistence and recovery ---
-
-    def _encode_state(self) -> bytes:
-        half_hi = self._store.queue_range(HALF_TOPIC, 0)[1]
-        op_hi = self._store.queue_range(OP_TOPIC, 0)[1]
-        saved = _Saved(
-            half_low=min((t.half_offset for t in self.open.values()), default=half_hi),
-            op_low=min((t.op_mark for t in self.open.values()), default=op_hi),
-            checks={
-                t.tx_id: (t.checks, t.next_check_ms, t.last_reason) for t in self.open.values()
-            },
-        )
-        return msgspec.json.encode(saved)
+    # --- recovery ---
 
     async def recover(self) -> None:
-        """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
-        marks (and complete commits recorded as op records by an earlier version)."""
-        self._publishing.ensure_system_topic(HALF_TOPIC, 1)
-        self._publishing.ensure_system_topic(OP_TOPIC, 1)
-        saved = _Saved()
-        if self._path.exists():
-            saved = msgspec.json.decode(self._path.read_bytes(), type=_Saved)
-        ops: dict[str, list[StoredMessage]] = {}
-        async for rec in self._scan(OP_TOPIC, saved.op_low):
-            tx_id = rec.properties.get(PROP_TX, "")
-            ops.setdefault(tx_id, []).append(rec)
-        finished = 0
-        async for half in self._scan(HALF_TOPIC, saved.half_low):
-            tx = _tx_from_half(half)
-            history = ops.get(tx.tx_id, [])
-            final = next(
-                (o for o in history if o.properties.get(PROP_OP) in ("commit", "rollback")), None
-            )
-            if final is None and await self._store.lookup(
-                KeyKind.INTERNAL, f"txend:{tx.tx_id}", limit=1
-            ):
-                continue  # committed: its visible copy is its decision record
-            if final is not None:
-                if final.properties[PROP_OP] == "commit":  # written by an earlier version
-                    try:
-                        target = await self._append_visible(
-                            tx.tx_id,
-                            tx.half_phys,
-                            key=f"txc:{tx.tx_id}",
-                            by=Resolver(final.properties.get(PROP_BY, "producer")),
-                        )
-                    except TxbError as e:  # never let one record stop the broker starting
-                        log.error("cannot complete the commit of %s: %s", tx.tx_id, e)
-                        continue
-                    if target is not None:
-                        finished += 1
-                continue
-            resumed = False
-            for o in history:  # park and resume, in order
-                op = o.properties.get(PROP_OP)
-                if op == "park":
-                    tx.state = TxState.PARKED
-                    tx.last_reason = o.properties.get(PROP_REASON, "")
-                    resumed = False
-                elif op == "resume":
-                    tx.state, tx.checks = TxState.PREPARED, 0
-                    resumed = True
-            count, next_ms, reason = saved.checks.get(tx.tx_id, (0, tx.next_check_ms, ""))
-            if tx.state is TxState.PARKED:
-                tx.checks = count
-            elif not resumed:  # counts saved before a resume belong to the earlier round
-                tx.checks, tx.next_check_ms = count, next_ms
-                tx.last_reason = reason or tx.last_reason
-            self.open[tx.tx_id] = tx
+        """Rebuild the open transactions (see ``txbroker.tx.recovery``)."""
+        recovered, finished = await recover_open(
+            self._store, self._publishing, self._path, self._append_copy
+        )
+        self.open.update(recovered)
         durable = self._store.durable()
         if durable is not None:
             await durable
@@ -597,40 +455,6 @@ class TxCoordinator:
             log.warning("recovery made %d interrupted commits visible", finished)
         self.snapshot.mark()
         log.info("transactions: %d open after recovery", len(self.open))
-
-    async def _scan(self, topic: str, start: int) -> AsyncIterator[StoredMessage]:
-        lo, hi = self._store.queue_range(topic, 0)
-        offset = max(start, lo)
-        while offset < hi:
-            got = await self._store.get_messages(topic, 0, offset, SCAN_BATCH)
-            if not got.messages:
-                break
-            for m in got.messages:
-                yield m
-            offset = got.next_offset
-
-
-def _tx_from_half(m: StoredMessage) -> Tx:
-    p = m.properties
-    timeout = int(p[PROP_TIMEOUT])
-    deliver_at = p.get(PROP_DELIVER_AT)
-    return Tx(
-        p[PROP_TX],
-        p[PROP_TARGET_TOPIC],
-        int(p[PROP_TARGET_QUEUE]),
-        p[PROP_GROUP],
-        p[PROP_CHECK_URL],
-        p.get(PROP_MESSAGE_ID, ""),
-        m.keys[0] if m.keys else None,
-        p.get(PROP_TRACEPARENT),
-        timeout,
-        m.store_timestamp_ms,
-        m.physical_offset,
-        m.queue_offset,
-        int(p.get(PROP_OP_MARK, "0")),
-        next_check_ms=m.store_timestamp_ms + timeout,
-        deliver_at_ms=int(deliver_at) if deliver_at else None,
-    )
 
 
 def tx_info(tx: Tx) -> TxInfo:
