@@ -52,6 +52,7 @@ __all__ = [
     "Message",
     "RecordFlag",
     "StoredMessage",
+    "decode_properties",
     "decode_record",
     "encode_properties",
     "encode_record",
@@ -126,6 +127,11 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
             f"properties take {len(data)} bytes encoded; the limit is {MAX_PROPERTIES_BYTES}"
         )
     return data
+
+
+def decode_properties(data: Buffer) -> dict[str, str]:
+    """The property map of a record (``props_len`` bytes after the topic); empty bytes are {}."""
+    return _props_decoder.decode(data) if len(data) else {}
 
 
 # --- domain records -------------------------------------------------------------------------
