@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from txbroker_sdk.schema import upgrade
     from txbroker_sdk.subscriber import Handler, Subscribers, apply_once
     from txbroker_sdk.transactional import TxPublisher, encode_body
+    from txbroker_sdk.web import NotStarted, TxbService
 
 # The database side and the HTTP server (uvicorn), by the module that defines each name:
 # imported when first asked for.
@@ -67,6 +68,8 @@ _LAZY: dict[str, str] = {
     "apply_once": "txbroker_sdk.subscriber",
     "TxPublisher": "txbroker_sdk.transactional",
     "encode_body": "txbroker_sdk.transactional",
+    "NotStarted": "txbroker_sdk.web",
+    "TxbService": "txbroker_sdk.web",
 }
 
 
@@ -102,7 +105,8 @@ __all__ = [
     "upgrade",
     "Retention",
     "clean_up",
-    # running a service
+    # running a service (TxbService: the FastAPI / Starlette integration)
+    "TxbService",
     "HttpServer",
     "serving",
     "stop_on_signals",
@@ -114,6 +118,7 @@ __all__ = [
     "InvalidName",
     "MessageTooLarge",
     "NotFound",
+    "NotStarted",
     "RequestTimeout",
     "StaleGeneration",
     "TooManyTransactions",
