@@ -1,7 +1,10 @@
 """The broker's durable store: commit log, consume queues, key index, group commit, recovery."""
 
 from txbroker.store.config import FlushMode, StoreConfig
+from txbroker.store.core import StoreState
 from txbroker.store.keyindex import KeyKind
+from txbroker.store.maintenance import RetentionReport
+from txbroker.store.reads import GetResult
 from txbroker.store.record import (
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -15,7 +18,7 @@ from txbroker.store.record import (
     StoredMessage,
 )
 from txbroker.store.recovery import RecoveryReport
-from txbroker.store.store import AppendResult, GetResult, MessageStore, RetentionReport, StoreState
+from txbroker.store.store import AppendResult, MessageStore
 
 __all__ = [
     # records

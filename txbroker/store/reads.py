@@ -1,0 +1,144 @@
+"""The store's read paths: one record by physical offset, a queue's messages, lookups by key.
+
+Reads of recent data (the last ``hot_read_bytes`` of the log) come straight from the mapping
+on the event loop; older reads go to a worker thread. Consumers see only records below
+:attr:`StoreReads.readable_offset`: in sync flush mode the durable ones.
+
+Separate from ``MessageStore`` (which extends this class) because reading shares nothing with
+appending, opening or maintenance but the parts in ``StoreCore``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import msgspec
+
+from txbroker.errors import InvalidArgument, InvalidOffset, NotFound
+from txbroker.protocol.names import validate_topic
+from txbroker.store.consumequeue import tag_hash
+from txbroker.store.core import StoreCore
+from txbroker.store.keyindex import KeyKind
+from txbroker.store.record import (
+    PROP_IDEMPOTENCY_KEY,
+    PROP_INTERNAL_KEY,
+    PROP_KEYS,
+    PROP_MESSAGE_ID,
+    StoredMessage,
+    decode_record,
+)
+
+__all__ = ["GetResult", "StoreReads"]
+
+
+class GetResult(msgspec.Struct, frozen=True):
+    messages: list[StoredMessage]
+    next_offset: int  # where the next read of this queue should start
+    min_offset: int
+    max_offset: int
+
+
+class StoreReads(StoreCore):
+    def _is_hot(self, phys: int) -> bool:
+        return phys >= self.log.write_pos - self.config.hot_read_bytes
+
+    async def read(self, physical_offset: int) -> StoredMessage:
+        """The record at a physical offset (as returned by :meth:`append`)."""
+        if type(physical_offset) is not int or physical_offset < 0:
+            raise InvalidOffset(f"physical offset must be a non-negative int: {physical_offset!r}")
+        self._check_readable()
+        if self._is_hot(physical_offset):
+            data = self.log.read_inline(physical_offset)
+        else:
+            loop = asyncio.get_running_loop()
+            data = await loop.run_in_executor(None, self.log.read_cold, physical_offset)
+        return decode_record(data)
+
+    async def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: Iterable[str] | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` messages of one queue from queue offset ``offset`` on."""
+        validate_topic(topic)
+        if type(offset) is not int or offset < 0:
+            raise InvalidOffset(f"queue offset must be a non-negative int: {offset!r}")
+        if max_count <= 0:
+            raise InvalidArgument("max_count must be positive")
+        self._check_readable()
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return GetResult([], offset, 0, 0)
+        hashes = {tag_hash(t) for t in tags} if tags is not None else None
+        entries, next_off = cq.read(offset, max_count, hashes)
+        limit = self.readable_offset
+        for i, e in enumerate(entries):
+            if e[1] >= limit:  # not durable yet: a consumer must not act on it
+                entries, next_off = entries[:i], e[0]
+                break
+        if not entries:
+            return GetResult([], max(next_off, cq.min_offset), cq.min_offset, cq.max_offset)
+        if all(self._is_hot(e[1]) for e in entries):
+            raws = [self.log.read_inline(e[1]) for e in entries]
+        else:
+            loop = asyncio.get_running_loop()
+            raws = await loop.run_in_executor(
+                None, lambda: [self.log.read_cold(e[1]) for e in entries]
+            )
+        msgs = [decode_record(r) for r in raws]
+        return GetResult(msgs, next_off, cq.min_offset, cq.max_offset)
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max) queue offsets: readable messages are min <= offset < max."""
+        cq = self.queues.get((topic, queue_id))
+        return (cq.min_offset, cq.max_offset) if cq else (0, 0)
+
+    def may_hold(self, kind: KeyKind, key: str) -> bool:
+        """False when no message has ``key`` (no I/O); True means :meth:`lookup` may find one
+        (the index matches 64-bit hashes, so a True is checked by reading the record)."""
+        return bool(self.index.find(kind, key, 1))
+
+    async def lookup(
+        self, kind: KeyKind, key: str, *, limit: int = 32, since_ms: int = 0
+    ) -> list[StoredMessage]:
+        """Messages whose key, message id or idempotency key equals ``key``, newest first."""
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument("lookup key must be a non-empty string")
+        self._check_readable()
+        seen: set[int] = set()
+        out: list[StoredMessage] = []
+        for phys in self.index.find(kind, key, limit * 4, since_ms):
+            if phys in seen or phys < self.log.min_offset or phys >= self.log.write_pos:
+                continue
+            seen.add(phys)
+            try:
+                msg = await self.read(phys)
+            except (NotFound, InvalidOffset):
+                continue
+            if msg.store_timestamp_ms >= since_ms and _has_key(msg, kind, key):
+                out.append(msg)
+                if len(out) >= limit:
+                    break
+        return out
+
+    @property
+    def readable_offset(self) -> int:
+        """Consumers see records below this: in sync mode only durable ones, so no consumer
+        ever acts on a record a power loss could still take back; in async mode all."""
+        if self._sync:
+            return self._committer.flushed if self._committer else 0
+        return self.log.write_pos
+
+
+def _has_key(msg: StoredMessage, kind: KeyKind, key: str) -> bool:
+    if kind is KeyKind.MESSAGE_ID:
+        return msg.properties.get(PROP_MESSAGE_ID) == key
+    if kind is KeyKind.IDEMPOTENCY_KEY:
+        return msg.properties.get(PROP_IDEMPOTENCY_KEY) == key
+    if kind is KeyKind.INTERNAL:
+        return msg.properties.get(PROP_INTERNAL_KEY) == key
+    return key in msg.properties.get(PROP_KEYS, "").split()
