@@ -1,0 +1,287 @@
+"""examples/shop end to end, as the README runs it: a real broker process, the orders and billing
+services as real uvicorn processes, each on its own PostgreSQL database, orders placed over HTTP.
+
+Billing must apply every placed order exactly once, the outbox's ``audit`` message must reach
+the broker, and a crash of the orders service between PREPARE and END_TX must be settled by the
+broker's back-check, answered by the restarted service's check-back endpoint: COMMIT when the
+database had committed, ROLLBACK when it had not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import IN_CI, ROOT, BrokerProcess
+from tests.databases import PG_URL
+from txbroker_sdk import Client, Consumer, create_engine
+from txbroker_sdk.tables import LOCAL_TX
+from txbroker_sdk.testing import create_database, drop_database
+
+SECRET = "shop-secret"
+# Back-checks soon after a PREPARE left open, and often while the service is down (an endpoint
+# that cannot be reached is retried, never parked).
+BROKER_SETTINGS = """
+tx_timeout_ms = 1000
+check_backoff_base_ms = 200
+check_backoff_cap_ms = 500
+check_timeout_ms = 2000
+"""
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 60.0
+INVOICES = sa.table("invoices", sa.column("order_id"))
+ORDERS = sa.table("orders", sa.column("id"))
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Service:
+    """``uvicorn examples.shop.<name>:app`` as a child process; its log goes to a file."""
+
+    def __init__(self, name: str, port: int, env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+
+    def start(self, **extra_env: str) -> Service:
+        self.lines = []  # this run's (the log file keeps every run's)
+        cmd = [sys.executable, "-m", "uvicorn", f"examples.shop.{self.name}:app"]
+        self.proc = subprocess.Popen(
+            [*cmd, "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT,
+            env={**os.environ, **self.env, **extra_env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started_or_ended = threading.Event()
+        threading.Thread(target=self._read, args=(self.proc, started_or_ended), daemon=True).start()
+        started_or_ended.wait(START_TIMEOUT_S)
+        if not any("Application startup complete" in line for line in self.lines):
+            self.stop()
+            raise AssertionError(f"{self.name} did not start:\n{self.log()}")
+        return self
+
+    def _read(self, proc: subprocess.Popen[str], started_or_ended: threading.Event) -> None:
+        assert proc.stderr is not None
+        with open(self.log_path, "a") as log:
+            for line in proc.stderr:  # read to the end: a full pipe would block the service
+                self.lines.append(line)
+                log.write(line)
+                log.flush()
+                if "Application startup complete" in line:
+                    started_or_ended.set()
+        started_or_ended.set()
+
+    def log(self) -> str:
+        return "".join(self.lines[-40:])
+
+    def wait_killed(self) -> None:
+        assert self.proc is not None
+        assert self.proc.wait(STOP_TIMEOUT_S) == -signal.SIGKILL, self.log()
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (bounded); SIGKILL if it hangs. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+        return self.proc.returncode
+
+
+class Shop:
+    def __init__(self, broker: BrokerProcess, orders: Service, billing: Service) -> None:
+        self.broker = broker
+        self.orders = orders
+        self.billing = billing
+        self.orders_db: AsyncEngine | None = None
+        self.billing_db: AsyncEngine | None = None
+
+    async def place(self, order_id: str, amount_cents: int = 1999) -> httpx.Response:
+        order = {"id": order_id, "item": "lamp", "amount_cents": amount_cents}
+        async with httpx.AsyncClient(timeout=30) as http:
+            return await http.post(f"{self.orders.url}/orders", json=order)
+
+
+@pytest.fixture
+def databases() -> Iterator[tuple[str, str]]:
+    """Two fresh, empty PostgreSQL databases (the services migrate their own), dropped after."""
+
+    def run(coro: Coroutine[Any, Any, T]) -> T:
+        # Its own thread and loop: this fixture is set up beside the test's running loop.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result()
+
+    urls: list[str] = []
+    try:
+        for prefix in ("shop_orders", "shop_billing"):
+            urls.append(run(create_database(PG_URL, prefix)))
+    except (OSError, SQLAlchemyError) as e:
+        if IN_CI:
+            raise
+        pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
+    try:
+        yield urls[0], urls[1]
+    finally:
+        for url in urls:
+            run(drop_database(url))
+
+
+@pytest.fixture
+async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop]:
+    settings = tmp_path / "broker.toml"
+    settings.write_text(BROKER_SETTINGS)
+    broker = BrokerProcess(
+        tmp_path / "broker", "--config", str(settings), "--tx-secret", f"orders-svc={SECRET}"
+    )
+    broker.start()
+    orders_port, billing_port = _free_port(), _free_port()
+    common = {"TXB_URL": broker.url, "TXB_CHECK_SECRET": SECRET}
+    orders = Service(
+        "orders",
+        orders_port,
+        {**common, "ORDERS_DB": databases[0], "ORDERS_URL": f"http://127.0.0.1:{orders_port}"},
+        tmp_path / "orders.log",
+    )
+    billing = Service(
+        "billing", billing_port, {**common, "BILLING_DB": databases[1]}, tmp_path / "billing.log"
+    )
+    shop = Shop(broker, orders, billing)
+    try:
+        billing.start()
+        shop.orders_db, shop.billing_db = create_engine(databases[0]), create_engine(databases[1])
+        yield shop
+    finally:
+        for engine in (shop.orders_db, shop.billing_db):
+            if engine is not None:
+                await engine.dispose()
+        codes = {s.name: s.stop() for s in (orders, billing)}
+        broker.stop()
+    # Both shut down cleanly on SIGTERM (the lifespan stopped everything within its bound);
+    # uvicorn re-raises the signal once it is done, so the exit says SIGTERM, not SIGKILL.
+    for service in (orders, billing):
+        if service.proc is not None:
+            assert codes[service.name] in (0, -signal.SIGTERM), service.log()
+            assert "Application shutdown complete" in service.log(), service.log()
+
+
+async def _until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while not await check():
+        assert time.monotonic() < deadline, f"not within {SETTLE_TIMEOUT_S} s: {what}"
+        await asyncio.sleep(0.1)  # polling another process's database, not a synchronisation
+
+
+async def _invoices(shop: Shop) -> dict[str, int]:
+    assert shop.billing_db is not None
+    q = sa.select(INVOICES.c.order_id, sa.func.count()).group_by(INVOICES.c.order_id)
+    async with shop.billing_db.connect() as conn:
+        return {order_id: n for order_id, n in (await conn.execute(q)).all()}
+
+
+async def _audited(broker: BrokerProcess, expected: set[str]) -> set[str]:
+    """The order ids in ``audit`` messages (the outbox's), consumed until all are seen."""
+    seen: set[str] = set()
+    async with (
+        Client(broker.url) as client,
+        Consumer(client, "shop-test", "audit", hold_ms=500) as consumer,
+    ):
+        async with asyncio.timeout(SETTLE_TIMEOUT_S):
+            while not expected <= seen:
+                for msg in await consumer.fetch():
+                    seen.add(json.loads(msg.body)["id"])
+                    msg.ack()
+    return seen
+
+
+async def test_each_order_is_billed_once_and_audited(shop: Shop) -> None:
+    shop.orders.start()
+    ids = {f"o-{i}" for i in range(10)}
+    for order_id in sorted(ids):
+        res = await shop.place(order_id)
+        assert res.status_code == 201, res.text
+        assert res.json() == {"id": order_id, "item": "lamp", "amount_cents": 1999}
+    assert (
+        await shop.place("o-0")
+    ).status_code == 409  # a retry of a committed order: nothing sent
+
+    async def all_billed() -> bool:
+        return ids <= set(await _invoices(shop))
+
+    await _until("every order invoiced", all_billed)
+    assert await _invoices(shop) == dict.fromkeys(ids, 1)
+    assert await _audited(shop.broker, ids) == ids
+    # The billing service's read route, through its session dependency.
+    async with httpx.AsyncClient(timeout=30) as http:
+        res = await http.get(f"{shop.billing.url}/invoices/o-3")
+    assert [(r["order_id"], r["amount_cents"]) for r in res.json()] == [("o-3", 1999)]
+
+
+async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
+    shop: Shop,
+) -> None:
+    assert shop.orders_db is not None
+    # Killed before its database commit, with the half message prepared: ROLLBACK.
+    shop.orders.start(TXB_FAULTS="before_db_commit=@1")
+    with pytest.raises(httpx.TransportError):
+        await shop.place("lost")
+    shop.orders.wait_killed()
+    # Killed after its database commit, before END_TX: COMMIT.
+    shop.orders.start(TXB_FAULTS="after_db_commit=@1")
+    with pytest.raises(httpx.TransportError):
+        await shop.place("kept")
+    shop.orders.wait_killed()
+    # Nothing reaches billing while the only service that can answer for them is down.
+    assert await _invoices(shop) == {}
+
+    shop.orders.start()  # its check-back endpoint answers the broker's retried back-checks
+    assert (await shop.place("after")).status_code == 201
+
+    async def barrier() -> dict[str, str]:
+        assert shop.orders_db is not None
+        async with shop.orders_db.connect() as conn:
+            rows = await conn.execute(sa.select(LOCAL_TX.c.key, LOCAL_TX.c.state))
+            return {key: state for key, state in rows.all()}
+
+    async def settled() -> bool:
+        return "lost" in await barrier() and {"kept", "after"} <= set(await _invoices(shop))
+
+    await _until("both transactions settled and the committed orders invoiced", settled)
+    assert await barrier() == {"lost": "rolled_back", "kept": "committed", "after": "committed"}
+    async with shop.orders_db.connect() as conn:
+        assert set((await conn.scalars(sa.select(ORDERS.c.id))).all()) == {"kept", "after"}
+    assert await _invoices(shop) == {"kept": 1, "after": 1}
+    assert await _audited(shop.broker, {"kept", "after"}) == {"kept", "after"}
