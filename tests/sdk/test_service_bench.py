@@ -58,7 +58,7 @@ def _tiny(
 
 def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
     opts = _tiny(tmp_path, 40)
-    res = bench_service(opts, progress=False)
+    res = bench_service(opts)
     assert res["runs"] == 1
     m = res["median"]
     assert isinstance(m, dict)
@@ -95,7 +95,7 @@ def test_a_tiny_run_on_sqlite_reports_every_figure(tmp_path: Path) -> None:
 
 def test_breakdown_times_the_barrier_and_the_messages_each_alone(tmp_path: Path) -> None:
     opts = _tiny(tmp_path, 24, breakdown=True)
-    res = bench_service(opts, progress=False)
+    res = bench_service(opts)
     m = res["median"]
     assert isinstance(m, dict)
     assert set(m["breakdown_ratio"]) == set(m["breakdown_per_s"]) == set(BREAKDOWN_MODES)
@@ -133,7 +133,7 @@ def test_the_gc_clock_counts_collections_only_while_installed() -> None:
 
 def test_gc_freeze_freezes_the_warm_heap_for_the_run_and_thaws_it_after(tmp_path: Path) -> None:
     opts = _tiny(tmp_path, 24, gc_freeze=True)
-    res = bench_service(opts, progress=False)
+    res = bench_service(opts)
     m = res["median"]
     assert isinstance(m, dict)
     assert m["gc_frozen_objects"] > 10_000  # the modules, classes and engines, at least

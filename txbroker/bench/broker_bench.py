@@ -18,7 +18,6 @@ import os
 import shutil
 import statistics
 import struct
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -30,6 +29,8 @@ from txbroker.protocol.messages import SendRequest
 from txbroker.runtime.brokerproc import BrokerProcess
 
 T = TypeVar("T")
+# Told how many runs are done, of how many: before the first (0) and after each.
+OnRun = Callable[[int, int], None]
 WARMUP_FRACTION = 0.1
 _STAMP = struct.Struct(">d")  # e2e bodies start with the sender's perf_counter()
 
@@ -155,7 +156,7 @@ def bench_produce(
     flush: str,
     runs: int,
     data_root: Path | None = None,
-    progress: bool = True,
+    progress: OnRun | None = None,
 ) -> dict[str, object]:
     def one(url: str) -> ProduceResult:
         return run_client(_produce(url, flush, messages, size, producers, batch, inflight))
@@ -219,7 +220,7 @@ def bench_e2e(
     flush: str,
     runs: int,
     data_root: Path | None = None,
-    progress: bool = True,
+    progress: OnRun | None = None,
 ) -> dict[str, object]:
     def one(url: str) -> E2EResult:
         achieved, lat = run_client(_e2e(url, rate, seconds, size))
@@ -233,16 +234,18 @@ def repeat_against_broker(
     runs: int,
     flush: str,
     data_root: Path | None,
-    progress: bool,
+    progress: OnRun | None,
     extra: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians."""
     results = []
     for i in range(runs):
-        if progress:
-            print(f"  run {i + 1}/{runs} ...", file=sys.stderr, flush=True)
+        if progress is not None:
+            progress(i, runs)
         with broker_process(flush, data_root, extra) as url:
             results.append(one(url))
+    if progress is not None:
+        progress(runs, runs)
     return _summary(results)
 
 
@@ -258,3 +261,30 @@ def _summary(results: Sequence[object]) -> dict[str, object]:
         else:
             med[k] = v
     return {"runs": len(rows), "median": med, "all": rows}
+
+
+def format_produce(res: dict[str, object]) -> str:
+    m = res["median"]
+    assert isinstance(m, dict)
+    lat = m["ack_latency"]
+    mode = f"batches of {m['batch']}" if m["batch"] > 1 else f"{m['inflight']} in flight"
+    return (
+        f"produce bench: {int(m['messages']):,} x {int(m['size'])} B, {int(m['producers'])} "
+        f"producer(s), {mode}, flush={m['flush']} (median of {res['runs']})\n"
+        f"  throughput    {m['msgs_per_s']:>10,.0f} msgs/s  {m['mb_per_s']:,.1f} MB/s\n"
+        f"  ack latency   p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
+        f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms"
+    )
+
+
+def format_e2e(res: dict[str, object]) -> str:
+    m = res["median"]
+    assert isinstance(m, dict)
+    lat = m["latency"]
+    return (
+        f"e2e bench: {m['rate']:,} msgs/s for {int(m['messages']):,} messages of "
+        f"{int(m['size'])} B, flush={m['flush']} (median of {res['runs']}), achieved "
+        f"{m['achieved_rate']:,.0f} msgs/s\n"
+        f"  publish-to-consume  p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
+        f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms"
+    )

@@ -93,3 +93,13 @@ async def bench_recovery(log_bytes: int, data_root: Path | None = None) -> Recov
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def format_recovery(res: RecoveryBenchResult) -> str:
+    return (
+        f"recovery bench: log {res.log_bytes / 2**20:,.0f} MiB, {res.records:,} records\n"
+        f"  reopen after kill -9       {res.reopen_after_kill_s:6.2f} s"
+        f"  ({res.replayed_after_kill:,} records replayed from the checkpoint)\n"
+        f"  reopen with no checkpoint  {res.full_replay_s:6.2f} s"
+        f"  ({res.replayed_full:,} records verified and replayed)"
+    )

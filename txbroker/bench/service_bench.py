@@ -77,6 +77,7 @@ from starlette.routing import Route
 import txbroker_outbox as outbox
 from txbroker.bench.broker_bench import (
     WARMUP_FRACTION,
+    OnRun,
     _pcts,
     repeat_against_broker,
     run_client,
@@ -606,7 +607,7 @@ def _connections(opts: ServiceBenchOptions) -> int:
     return sum(size + overflow for size, overflow in _pools(opts)) + 1
 
 
-def bench_service(opts: ServiceBenchOptions, progress: bool = True) -> dict[str, object]:
+def bench_service(opts: ServiceBenchOptions, progress: OnRun | None = None) -> dict[str, object]:
     """Run the bench ``opts.runs`` times, each against a fresh broker and database."""
     if opts.database_url is not None:
         postgresql_server(opts.database_url)  # refuse a wrong URL before starting anything

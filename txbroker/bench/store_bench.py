@@ -15,6 +15,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -180,19 +181,39 @@ def format_result(summary: dict[str, object]) -> str:
 
 
 def bench_disk(
-    batches: list[int], record_bytes: int, total: int, runs: int, data_root: Path | None
+    batches: list[int],
+    record_bytes: int,
+    total: int,
+    runs: int,
+    data_root: Path | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[int, float]:
     """The disk's own ceiling: records/s for plain sequential write + fdatasync per batch of
-    ``batch`` records, median of ``runs``. What group commit at that batch size could reach."""
+    ``batch`` records, median of ``runs``. What group commit at that batch size could reach.
+    ``progress(done, total)`` hears of each measurement (before the first, and after each)."""
     root = Path(tempfile.mkdtemp(prefix="txb-disk-", dir=data_root))
+    steps, done = len(batches) * runs, 0
     try:
         out: dict[int, float] = {}
         for batch in batches:
-            rates = [
-                total / _raw_ceiling(root, total * record_bytes, batch * record_bytes, True)
-                for _ in range(runs)
-            ]
+            rates = []
+            for _ in range(runs):
+                if progress is not None:
+                    progress(done, steps)
+                rates.append(
+                    total / _raw_ceiling(root, total * record_bytes, batch * record_bytes, True)
+                )
+                done += 1
             out[batch] = round(statistics.median(rates))
+        if progress is not None:
+            progress(done, steps)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def format_disk(res: dict[int, float]) -> str:
+    return "\n".join(
+        f"write+fdatasync every {batch:>4} records: {rate:>12,.0f} records/s"
+        for batch, rate in res.items()
+    )

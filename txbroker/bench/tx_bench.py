@@ -24,7 +24,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from txbroker.bench.broker_bench import _pcts, repeat_against_broker, run_client
+from txbroker.bench.broker_bench import OnRun, _pcts, repeat_against_broker, run_client
 from txbroker.runtime.httpserve import serving
 from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 
@@ -154,7 +154,7 @@ def bench_tx(
     flush: str,
     runs: int,
     data_root: Path | None = None,
-    progress: bool = True,
+    progress: OnRun | None = None,
     connections: int = 8,
 ) -> dict[str, object]:
     cfg_dir = Path(tempfile.mkdtemp(prefix="txb-bench-tx-", dir=data_root))
@@ -211,4 +211,20 @@ async def _with_check_server(
         )
 
 
-__all__ = ["TxBenchResult", "bench_tx"]
+__all__ = ["TxBenchResult", "bench_tx", "format_tx"]
+
+
+def format_tx(res: dict[str, object]) -> str:
+    m = res["median"]
+    assert isinstance(m, dict)
+    p, e = m["prepare_latency"], m["end_latency"]
+    return (
+        f"tx bench: {int(m['transactions']):,} transactions x {int(m['size'])} B, "
+        f"{int(m['producers'])} producers, flush={m['flush']} (median of {res['runs']})\n"
+        f"  throughput      {m['tx_per_s']:>10,.0f} transactions/s (prepare + end)\n"
+        f"  prepare         p50 {p['p50_ms']} ms  p99 {p['p99_ms']} ms  p999 {p['p999_ms']} ms\n"
+        f"  end             p50 {e['p50_ms']} ms  p99 {e['p99_ms']} ms  p999 {e['p999_ms']} ms\n"
+        f"  back-checks     {int(m['checks'])} made, {int(m['resolved_by_check'])} transactions "
+        f"left to them; unexpected {int(m['unexpected_checks'])}, "
+        f"duplicate {int(m['duplicate_checks'])}"
+    )

@@ -17,6 +17,9 @@ from txbroker.protocol.frames import Opcode
 __all__ = [
     "AckRequest",
     "ErrorBody",
+    "GroupInfo",
+    "GroupsRequest",
+    "GroupsResponse",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "Hello",
@@ -25,6 +28,8 @@ __all__ = [
     "PullRequest",
     "PullResponse",
     "PulledMessage",
+    "QueueLag",
+    "QueueOffsets",
     "QueuePosition",
     "SendBatchRequest",
     "SendBatchResponse",
@@ -64,11 +69,18 @@ class TopicName(msgspec.Struct, frozen=True):
     topic: str
 
 
+class QueueOffsets(msgspec.Struct, frozen=True):
+    queue: int
+    min_offset: int  # the oldest message still kept
+    max_offset: int  # the next message's offset
+
+
 class TopicInfo(msgspec.Struct, frozen=True):
     topic: str
     queues: int
     messages: int = 0  # sum over queues of (max - min) offsets
     created_ms: int = 0
+    offsets: list[QueueOffsets] = msgspec.field(default_factory=list)  # one per queue
 
 
 class SendRequest(msgspec.Struct, frozen=True):
@@ -272,6 +284,32 @@ class TxResolveRequest(msgspec.Struct, frozen=True):
     action: str  # commit | rollback | resume (an operator's decision)
 
 
+class GroupsRequest(msgspec.Struct, frozen=True):
+    """Consumer groups and their lag (OFFSETS), all of them or those of a group or topic."""
+
+    group: str | None = None
+    topic: str | None = None
+
+
+class QueueLag(msgspec.Struct, frozen=True):
+    queue: int
+    max_offset: int  # the next message's offset
+    committed: int | None  # the group's next offset to consume; None: nothing committed yet
+    lag: int  # messages not yet committed
+
+
+class GroupInfo(msgspec.Struct, frozen=True):
+    group: str  # group@member for a member of a broadcast group (offsets kept per member)
+    topic: str
+    members: list[str]  # live members (heartbeating)
+    queues: list[QueueLag]
+    lag: int  # over all queues
+
+
+class GroupsResponse(msgspec.Struct, frozen=True):
+    groups: list[GroupInfo]
+
+
 class Empty(msgspec.Struct, frozen=True):
     pass
 
@@ -297,6 +335,7 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_LIST: TxListRequest,
     Opcode.TX_SHOW: TxId,
     Opcode.TX_RESOLVE: TxResolveRequest,
+    Opcode.OFFSETS: GroupsRequest,
 }
 
 RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
@@ -320,6 +359,7 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_LIST: TxListResponse,
     Opcode.TX_SHOW: TxInfo,
     Opcode.TX_RESOLVE: TxEndResponse,
+    Opcode.OFFSETS: GroupsResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -12,6 +12,7 @@ from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.runtime.brokerproc import READY_PREFIX
 from txbroker.runtime.httpserve import HttpServer
 from txbroker.runtime.signals import stop_on_signals
+from txbroker.server.admin import Admin
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
@@ -115,7 +116,8 @@ class BrokerServer:
         )
         self.tx.on_prepared = self.checker.schedule
         self.checker.start()
-        handlers = build_handlers(self.store, self.topics, producer, self.consumer, retry, self.tx)
+        admin = Admin(self.store, self.topics, self.groups)
+        handlers = build_handlers(admin, self.topics, producer, self.consumer, retry, self.tx)
         direct = build_direct_handlers(self.tx)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
@@ -139,8 +141,7 @@ class BrokerServer:
         app = build_http_app(
             self.store,
             self.topics,
-            self.groups,
-            self.consumer,
+            admin,
             self.scheduler,
             auth_token=cfg.auth_token,
             tx=self.tx,

@@ -192,16 +192,6 @@ class ConsumerService:
         for pos in req.positions:
             self._groups.commit(owner, topic, pos.queue_id, pos.offset)
 
-    def lag(self, owner: str, topic: str) -> dict[int, int]:
-        """Messages not yet committed, per queue."""
-        t = self._topics.get(topic)
-        out: dict[int, int] = {}
-        for q in range(t.queues):
-            lo, hi = self._store.queue_range(topic, q)
-            committed = self._groups.committed(owner, topic, q)
-            out[q] = hi - max(committed if committed is not None else lo, lo)
-        return out
-
 
 def _pulled(m: StoredMessage) -> PulledMessage:
     props = m.properties

@@ -169,3 +169,14 @@ class GroupCoordinator:
     def groups(self) -> list[tuple[str, str]]:
         """(owner, topic) pairs with committed offsets."""
         return [(o, t) for o, topics in self._offsets.items() for t in topics]
+
+    def live(self) -> list[tuple[str, str]]:
+        """(owner, topic) pairs of groups with live members, owners named as their offsets are
+        kept (see ``offset_owner``): so a group shows before its first commit."""
+        out: list[tuple[str, str]] = []
+        for (group, topic), g in self._groups.items():
+            if g.mode is ConsumeMode.BROADCAST:
+                out += [(f"{group}@{m}", topic) for m in g.members]
+            elif g.members:
+                out.append((group, topic))
+        return out

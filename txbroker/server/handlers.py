@@ -12,6 +12,8 @@ from txbroker.protocol.messages import (
     DlqRedriveResponse,
     DlqRequest,
     Empty,
+    GroupsRequest,
+    GroupsResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaveRequest,
@@ -36,12 +38,12 @@ from txbroker.protocol.messages import (
     TxPrepareResponse,
     TxResolveRequest,
 )
+from txbroker.server.admin import Admin
 from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
-from txbroker.server.topics import Topic, TopicRegistry
-from txbroker.store import MessageStore
+from txbroker.server.topics import TopicRegistry
 from txbroker.tx.coordinator import TxCoordinator, tx_info
 from txbroker.tx.state import Decision, Resolver, TxState
 
@@ -49,35 +51,28 @@ __all__ = ["build_direct_handlers", "build_handlers"]
 
 
 def build_handlers(
-    store: MessageStore,
+    admin: Admin,
     topics: TopicRegistry,
     producer: Producer,
     consumer: ConsumerService,
     retry: RetryService,
     tx: TxCoordinator,
 ) -> dict[int, Handler]:
-    def info(t: Topic) -> TopicInfo:
-        count = 0
-        for q in range(t.queues):
-            lo, hi = store.queue_range(t.name, q)
-            count += hi - lo
-        return TopicInfo(t.name, t.queues, count, t.created_ms)
-
     async def ping(_: Any) -> Empty:
         return Empty()
 
     async def topic_create(req: TopicCreate) -> TopicInfo:
-        return info(topics.create(req.topic, req.queues))
+        return admin.topic_info(topics.create(req.topic, req.queues))
 
     async def topic_delete(req: TopicName) -> Empty:
         topics.delete(req.topic)
         return Empty()
 
     async def topic_list(_: Any) -> list[TopicInfo]:
-        return [info(t) for t in topics.list()]
+        return [admin.topic_info(t) for t in topics.list()]
 
     async def topic_describe(req: TopicName) -> TopicInfo:
-        return info(topics.get(req.topic))
+        return admin.topic_info(topics.get(req.topic))
 
     async def send(req: SendRequest) -> SendReceipt:
         return await producer.send(req)
@@ -105,6 +100,9 @@ def build_handlers(
 
     async def dlq_redrive(req: DlqRequest) -> DlqRedriveResponse:
         return await retry.redrive(req.group, req.max_messages)
+
+    async def offsets(req: GroupsRequest) -> GroupsResponse:
+        return GroupsResponse(admin.groups(req.group or None, req.topic or None))
 
     async def leave(req: LeaveRequest) -> Empty:
         await consumer.leave(req)
@@ -149,6 +147,7 @@ def build_handlers(
         Opcode.PULL: pull,
         Opcode.ACK: ack,
         Opcode.LEAVE: leave,
+        Opcode.OFFSETS: offsets,
         Opcode.PING: ping,
         Opcode.TOPIC_CREATE: topic_create,
         Opcode.TOPIC_DELETE: topic_delete,

@@ -30,9 +30,8 @@ from txbroker.errors import (
     TxbError,
     Unauthenticated,
 )
-from txbroker.server.consumer import ConsumerService
+from txbroker.server.admin import Admin
 from txbroker.server.delay import DelayScheduler
-from txbroker.server.groups import GroupCoordinator
 from txbroker.server.producer import HEADER_PREFIX
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import KeyKind, MessageStore, StoredMessage
@@ -89,8 +88,7 @@ def _message_json(m: StoredMessage) -> dict[str, Any]:
 def build_http_app(
     store: MessageStore,
     topics: TopicRegistry,
-    groups: GroupCoordinator,
-    consumer: ConsumerService,
+    admin: Admin,
     scheduler: DelayScheduler,
     extra_metrics: Callable[[], list[str]] | None = None,
     auth_token: str | None = None,
@@ -118,33 +116,27 @@ def build_http_app(
         return JSONResponse({"status": "ok", "store": store.state.value})
 
     async def list_topics(_: Request) -> Response:
-        out = []
-        for t in topics.list():
-            queues = []
-            for q in range(t.queues):
-                lo, hi = store.queue_range(t.name, q)
-                queues.append({"queue": q, "min_offset": lo, "max_offset": hi})
-            out.append({"topic": t.name, "queues": queues, "created_ms": t.created_ms})
+        out = [
+            {
+                "topic": t.name,
+                "queues": msgspec.to_builtins(admin.offsets(t)),
+                "created_ms": t.created_ms,
+            }
+            for t in topics.list()
+        ]
         return JSONResponse({"topics": out})
 
     async def list_groups(_: Request) -> Response:
-        out = []
-        for owner, topic in sorted(groups.groups()):
-            if topic.startswith("%"):
-                continue
-            try:
-                lag = consumer.lag(owner, topic)
-            except NotFound:
-                continue  # the topic was deleted since
-            out.append(
-                {
-                    "group": owner,
-                    "topic": topic,
-                    "members": sorted(groups.members(owner.split("@")[0], topic)),
-                    "lag": {str(q): v for q, v in lag.items()},
-                    "total_lag": sum(lag.values()),
-                }
-            )
+        out = [
+            {
+                "group": g.group,
+                "topic": g.topic,
+                "members": g.members,
+                "lag": {str(q.queue): q.lag for q in g.queues},
+                "total_lag": g.lag,
+            }
+            for g in admin.groups()
+        ]
         return JSONResponse({"groups": out})
 
     async def messages_by_key(request: Request) -> Response:
@@ -180,19 +172,11 @@ def build_http_app(
             "# TYPE txb_topic_messages gauge",
         ]
         for t in topics.list():
-            total = sum(
-                hi - lo for lo, hi in (store.queue_range(t.name, q) for q in range(t.queues))
-            )
+            total = admin.topic_info(t).messages
             lines.append(f'txb_topic_messages{{topic="{t.name}"}} {total}')
         lines.append("# TYPE txb_group_lag gauge")
-        for owner, topic in sorted(groups.groups()):
-            if topic.startswith("%"):
-                continue
-            try:
-                lag = sum(consumer.lag(owner, topic).values())
-            except NotFound:
-                continue
-            lines.append(f'txb_group_lag{{group="{owner}",topic="{topic}"}} {lag}')
+        for g in admin.groups():
+            lines.append(f'txb_group_lag{{group="{g.group}",topic="{g.topic}"}} {g.lag}')
         lines.extend(tx_metrics())
         if extra_metrics is not None:
             lines.extend(extra_metrics())

@@ -1,0 +1,254 @@
+"""`txbroker bench store|produce|e2e|tx|service|disk|recovery`: benchmarks that print figures.
+
+Each prints a summary (medians over ``--runs``), or one JSON object with ``--json``. Progress
+goes to stderr: a bar on a terminal, a line per finished run in a log, nothing with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from txbroker.cli.common import Subparsers, non_negative, positive, run
+from txbroker.cli.output import RunProgress, status
+from txbroker.errors import InvalidArgument
+
+__all__ = ["register"]
+
+_FLUSH_HELP = "the broker's durability mode (default sync)"
+_RUNS_HELP = "report the median of this many runs"
+_JSON_HELP = "print one JSON object (every run and the medians)"
+
+
+def _root(args: argparse.Namespace) -> Path | None:
+    return Path(args.data_dir) if args.data_dir else None
+
+
+def register(sub: Subparsers) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+
+    def common(p: argparse.ArgumentParser, *, runs: int = 3, flush: str = "--flush") -> None:
+        p.add_argument(flush, choices=["sync", "async"], default="sync", help=_FLUSH_HELP)
+        p.add_argument("--runs", type=positive, default=runs, help=_RUNS_HELP)
+        p.add_argument("--data-dir", help="where to put temporary data (default: $TMPDIR)")
+        p.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+    bs = bsub.add_parser("store", help="message store append throughput and latency")
+    bs.add_argument("--messages", type=positive, default=200_000, help="messages per run")
+    bs.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
+    bs.add_argument("--appenders", type=positive, default=64, help="concurrent appenders")
+    common(bs)
+    bs.set_defaults(func=_store)
+
+    bp = bsub.add_parser("produce", help="producer throughput against a real broker")
+    bp.add_argument("--messages", type=positive, default=200_000, help="messages per run")
+    bp.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
+    bp.add_argument("--producers", type=positive, default=4, help="client connections")
+    bp.add_argument("--batch", type=positive, default=1, help="messages per request (1: single)")
+    bp.add_argument("--inflight", type=positive, default=64, help="single sends in flight each")
+    common(bp)
+    bp.set_defaults(func=_produce)
+
+    be = bsub.add_parser("e2e", help="publish-to-consume latency at a fixed rate")
+    be.add_argument("--rate", type=positive, default=5000, help="messages per second")
+    be.add_argument("--seconds", type=float, default=10.0, help="how long to send")
+    be.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
+    common(be)
+    be.set_defaults(func=_e2e)
+
+    bt = bsub.add_parser("tx", help="transactions: prepare + commit/rollback, with back-checks")
+    bt.add_argument("--transactions", type=positive, default=50_000, help="per run")
+    bt.add_argument("--producers", type=positive, default=64, help="concurrent producers")
+    bt.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
+    bt.add_argument("--connections", type=positive, default=8, help="shared by the producers")
+    bt.add_argument("--rollback-rate", type=float, default=0.0, help="fraction (0..1) rolled back")
+    bt.add_argument(
+        "--unknown-rate",
+        type=float,
+        default=0.0,
+        help="fraction (0..1) never ended by the producer: left to back-checks",
+    )
+    common(bt)
+    bt.set_defaults(func=_tx)
+
+    bsv = bsub.add_parser(
+        "service", help="orders/s with @transactional and outbox vs no messaging; latency"
+    )
+    bsv.add_argument(
+        "--database-url",
+        help="a PostgreSQL server (postgresql://...): a throwaway database is created on it per "
+        "run and dropped after; default: a SQLite file in a temporary directory",
+    )
+    bsv.add_argument("--orders", type=positive, default=5000, help="per mode per run")
+    bsv.add_argument(
+        "--concurrency",
+        type=positive,
+        help="callers placing orders (default: 64 on PostgreSQL, enough for every mode to reach "
+        "its peak; 16 on SQLite, which writes one transaction at a time)",
+    )
+    bsv.add_argument(
+        "--latency-orders", type=positive, default=1000, help="per mode, latency phase"
+    )
+    bsv.add_argument(
+        "--latency-rate",
+        type=positive,
+        default=200,
+        help="orders/s in the latency phase (at most half the mode's measured throughput)",
+    )
+    bsv.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the barrier row alone and the PREPARE/END_TX messages alone (diagnostic)",
+    )
+    bsv.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() the service's heap after the warm-up, as a tuned long-running service "
+        "may (default: not frozen)",
+    )
+    common(bsv, flush="--broker-flush")
+    bsv.set_defaults(func=_service)
+
+    bd = bsub.add_parser("disk", help="the disk's write+fdatasync ceiling per batch size")
+    bd.add_argument(
+        "--batch",
+        type=positive,
+        nargs="+",
+        default=[32, 64, 128],
+        help="records per fdatasync (several: one measurement each)",
+    )
+    bd.add_argument("--record-bytes", type=positive, default=1104, help="1 KiB body + header")
+    bd.add_argument("--records", type=positive, default=100_000, help="records per measurement")
+    bd.add_argument("--runs", type=positive, default=3, help=_RUNS_HELP)
+    bd.add_argument("--data-dir", help="directory on the disk to measure (default: $TMPDIR)")
+    bd.add_argument("--json", action="store_true", help="print {batch: records/s}")
+    bd.set_defaults(func=_disk)
+
+    br = bsub.add_parser("recovery", help="reopen time after kill -9 with a large log")
+    br.add_argument("--log-mib", type=positive, default=1024, help="log size to fill (MiB)")
+    br.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
+    br.add_argument("--json", action="store_true", help="print one JSON object")
+    br.set_defaults(func=_recovery)
+
+
+def _store(args: argparse.Namespace) -> int:
+    from txbroker.bench.store_bench import bench_store, format_result, summarize
+    from txbroker.store import FlushMode
+
+    results = []
+    with RunProgress("store bench", enabled=not args.json) as progress:
+        for i in range(args.runs):
+            progress(i, args.runs)
+            results.append(
+                run(
+                    bench_store(
+                        args.messages, args.size, FlushMode(args.flush), args.appenders, _root(args)
+                    )
+                )
+            )
+        progress(args.runs, args.runs)
+    summary = summarize(results)
+    print(json.dumps(summary) if args.json else format_result(summary))
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from txbroker.bench.broker_bench import bench_produce, format_produce
+
+    with RunProgress("produce bench", enabled=not args.json) as progress:
+        res = bench_produce(
+            args.messages,
+            args.size,
+            args.producers,
+            args.batch,
+            args.inflight,
+            args.flush,
+            args.runs,
+            _root(args),
+            progress=progress,
+        )
+    print(json.dumps(res) if args.json else format_produce(res))
+    return 0
+
+
+def _e2e(args: argparse.Namespace) -> int:
+    from txbroker.bench.broker_bench import bench_e2e, format_e2e
+
+    with RunProgress("e2e bench", enabled=not args.json) as progress:
+        res = bench_e2e(
+            args.rate,
+            args.seconds,
+            args.size,
+            args.flush,
+            args.runs,
+            _root(args),
+            progress=progress,
+        )
+    print(json.dumps(res) if args.json else format_e2e(res))
+    return 0
+
+
+def _tx(args: argparse.Namespace) -> int:
+    from txbroker.bench.tx_bench import bench_tx, format_tx
+
+    if not (0 <= args.rollback_rate <= 1 and 0 <= args.unknown_rate <= 1):
+        raise InvalidArgument("--rollback-rate and --unknown-rate are fractions in 0..1")
+    with RunProgress("tx bench", enabled=not args.json) as progress:
+        res = bench_tx(
+            args.transactions,
+            args.producers,
+            args.size,
+            args.rollback_rate,
+            args.unknown_rate,
+            args.flush,
+            args.runs,
+            _root(args),
+            progress=progress,
+            connections=args.connections,
+        )
+    print(json.dumps(res) if args.json else format_tx(res))
+    return 0
+
+
+def _service(args: argparse.Namespace) -> int:
+    from txbroker.bench.service_bench import ServiceBenchOptions, bench_service, format_summary
+
+    opts = ServiceBenchOptions(
+        database_url=args.database_url,
+        orders=args.orders,
+        concurrency=args.concurrency,
+        latency_orders=args.latency_orders,
+        latency_rate=args.latency_rate,
+        runs=args.runs,
+        broker_flush=args.broker_flush,
+        data_root=_root(args),
+        breakdown=args.breakdown,
+        gc_freeze=args.gc_freeze,
+    )
+    with RunProgress("service bench", enabled=not args.json) as progress:
+        res = bench_service(opts, progress)
+    print(json.dumps(res) if args.json else format_summary(res, opts))
+    return 0
+
+
+def _disk(args: argparse.Namespace) -> int:
+    from txbroker.bench.store_bench import bench_disk, format_disk
+
+    with RunProgress("disk bench", enabled=not args.json) as progress:
+        res = bench_disk(
+            args.batch, args.record_bytes, args.records, args.runs, _root(args), progress
+        )
+    print(json.dumps({str(k): v for k, v in res.items()}) if args.json else format_disk(res))
+    return 0
+
+
+def _recovery(args: argparse.Namespace) -> int:
+    from txbroker.bench.recovery_bench import bench_recovery, format_recovery
+
+    with status(f"filling a store to {args.log_mib} MiB, then kill -9 ...", enabled=not args.json):
+        res = run(bench_recovery(args.log_mib * 1024 * 1024, _root(args)))
+    print(json.dumps(asdict(res)) if args.json else format_recovery(res))
+    return 0

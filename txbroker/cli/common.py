@@ -1,0 +1,108 @@
+"""What the command modules share: running a coroutine, argument types, the broker and database
+options every command of a kind takes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+from txbroker.errors import InvalidArgument
+
+__all__ = [
+    "DEFAULT_SERVER",
+    "Subparsers",
+    "add_broker_options",
+    "add_database_option",
+    "auth_token",
+    "database_url",
+    "non_negative",
+    "positive",
+    "run",
+    "server_url",
+    "with_client",
+]
+
+T = TypeVar("T")
+DEFAULT_SERVER = "txb://127.0.0.1:9876"
+
+
+class Subparsers(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as far as the command modules use it."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine on uvloop (the broker's loop too) where it is installed."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(coro)
+    result: T = uvloop.run(coro)
+    return result
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# --- commands that talk to a broker ---
+
+
+def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
+    p.add_argument("--server", help=f"txb://host:port (TXB_SERVER; default {DEFAULT_SERVER})")
+    p.add_argument("--auth-token", help="token for a broker started with one (TXB_AUTH_TOKEN)")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def server_url(args: argparse.Namespace) -> str:
+    return str(args.server or os.environ.get("TXB_SERVER") or DEFAULT_SERVER)
+
+
+def auth_token(args: argparse.Namespace) -> str | None:
+    token: str | None = args.auth_token or os.environ.get("TXB_AUTH_TOKEN")
+    return token
+
+
+def with_client(
+    fn: Callable[[Any, argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
+    """A command handler that connects a client, runs ``fn(client, args)`` and closes it."""
+
+    def handler(args: argparse.Namespace) -> int:
+        async def main() -> int:
+            from txbroker_sdk import Client
+
+            async with await Client.connect(server_url(args), auth_token=auth_token(args)) as c:
+                return await fn(c, args)
+
+        return run(main())
+
+    return handler
+
+
+# --- commands that work on a service's database ---
+
+
+def add_database_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="database URL (TXB_DATABASE_URL); postgresql:// or sqlite://")
+
+
+def database_url(args: argparse.Namespace) -> str:
+    url: str | None = args.url or os.environ.get("TXB_DATABASE_URL")
+    if not url:
+        raise InvalidArgument("give --url (or TXB_DATABASE_URL), e.g. postgresql://user@host/db")
+    return url
