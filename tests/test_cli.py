@@ -26,6 +26,7 @@ def test_bench_store_prints_json_figures(tmp_path: Path) -> None:
     summary = json.loads(out.stdout)
     med = summary["median"]
     assert summary["runs"] == 2 and med["messages"] == 2000
+    assert out.stderr == ""  # --json: no progress either
     assert med["msgs_per_s"] > 0 and med["raw_msgs_per_s"] > 0
     assert med["fsyncs"] > 0 and med["records_per_fsync"] >= 1
     assert 0 < med["append_p50_us"] <= med["append_p99_us"] <= med["append_p999_us"]
@@ -41,12 +42,18 @@ def test_bench_store_human_output(tmp_path: Path) -> None:
         "--flush",
         "async",
         "--runs",
-        "1",
+        "2",
         "--data-dir",
         str(tmp_path),
     )
     assert out.returncode == 0, out.stderr
     assert "msgs/s" in out.stdout and "raw ceiling" in out.stdout
+    # Off a terminal, progress is a line per finished run on stderr (a bar on a terminal).
+    progress = out.stderr.splitlines()
+    assert [line.split(" (")[0] for line in progress] == [
+        "store bench: run 1/2 done",
+        "store bench: run 2/2 done",
+    ]
 
 
 def test_bench_recovery_small(tmp_path: Path) -> None:
