@@ -13,18 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import IN_CI, run_cli
 from tests.databases import PG_URL
-from txbroker.bench.service_bench import (
-    BREAKDOWN_MODES,
-    MODES,
-    PG_CALLERS,
-    SQLITE_CALLERS,
-    ServiceBenchOptions,
-    ServiceBenchResult,
-    _GcClock,
-    bench_service,
-    command_line,
-    format_summary,
-)
+from txbroker.bench.service_bench import bench_service, command_line, format_summary
 from txbroker.bench.service_db import (
     APPLIED,
     ORDERS,
@@ -34,6 +23,15 @@ from txbroker.bench.service_db import (
     throwaway_database,
     verify,
 )
+from txbroker.bench.service_options import (
+    BREAKDOWN_MODES,
+    MODES,
+    PG_CALLERS,
+    SQLITE_CALLERS,
+    ServiceBenchOptions,
+    ServiceBenchResult,
+)
+from txbroker.bench.service_run import GcClock
 from txbroker.errors import InvalidArgument
 from txbroker_sdk.database import async_url
 from txbroker_sdk.tables import LOCAL_TX
@@ -122,7 +120,7 @@ def test_the_default_callers_follow_the_database() -> None:
 
 
 def test_the_gc_clock_counts_collections_only_while_installed() -> None:
-    with _GcClock() as clock:
+    with GcClock() as clock:
         gc.collect()
         during = clock.seconds
     assert during > 0

@@ -214,7 +214,8 @@ def _tx(args: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    from txbroker.bench.service_bench import ServiceBenchOptions, bench_service, format_summary
+    from txbroker.bench.service_bench import bench_service, format_summary
+    from txbroker.bench.service_options import ServiceBenchOptions
 
     opts = ServiceBenchOptions(
         database_url=args.database_url,
