@@ -1,0 +1,166 @@
+"""From the kept inputs to the results: anomaly rows (Parquet), latency and summary tables
+(Parquet), and the summary document every other output is drawn from.
+
+Only aggregates and at most ``examples`` ids per anomaly kind, reason and topic reach the
+driver, so its memory does not grow with the data.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from txbroker_reconcile.checks import KINDS, REASONS, anomalies
+from txbroker_reconcile.extract import Extracted, read_effects
+from txbroker_reconcile.inputs import Inputs
+from txbroker_reconcile.latency import histograms, latencies, legs, throughput
+from txbroker_reconcile.options import JobOptions
+from txbroker_reconcile.state import State, latest, log_rows
+from txbroker_reconcile.summary import SUMMARY_VERSION
+
+__all__ = ["analyze", "load_inputs"]
+
+_EMPTY = {
+    "log": "",
+    "local_tx": "service string, tx_id string, state string, topic string, created_ms long",
+    "outbox": "service string, namespace string, id long, topic string, created_ms long, "
+    "published_ms long, attempts int",
+    "inbox": "service string, consumer_group string, message_id string, processed_ms long",
+}
+
+
+def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
+    from txbroker_reconcile.logsource import SPARK_SCHEMA
+
+    def kept(name: str, keys: list[str]) -> DataFrame:
+        df = state.table(spark, name)
+        if df is None:
+            schema = SPARK_SCHEMA if name == "log" else _EMPTY[name]
+            return spark.createDataFrame([], schema)
+        return log_rows(df) if name == "log" else latest(df, keys)
+
+    return Inputs(
+        log=kept("log", ["position"]).persist(),
+        local_tx=kept("local_tx", ["service", "tx_id"]).persist(),
+        outbox=kept("outbox", ["service", "id"]).persist(),
+        inbox=kept("inbox", ["service", "consumer_group", "message_id"]).persist(),
+        effects=read_effects(spark, opts),
+    )
+
+
+def _counts(df: DataFrame, *keys: str) -> dict[Any, int]:
+    return {
+        tuple(r[:-1]) if len(keys) > 1 else r[0]: r[-1] for r in df.groupBy(*keys).count().collect()
+    }
+
+
+def analyze(
+    spark: SparkSession, opts: JobOptions, state: State, extracted: Extracted, out: Path
+) -> dict[str, Any]:
+    started = time.time()
+    as_of_ms = opts.as_of_ms if opts.as_of_ms is not None else int(time.time() * 1000)
+    cutoff_ms = as_of_ms - int(opts.grace_s * 1000)
+    i = load_inputs(spark, state, opts)
+
+    found = anomalies(i, cutoff_ms)
+    found.write.mode("overwrite").parquet(str(out / "anomalies"))
+    found = spark.read.parquet(str(out / "anomalies"))
+
+    rank = Window.partitionBy("kind", "reason", "topic").orderBy("at_ms", "id")
+    examples = (
+        found.withColumn("_n", F.row_number().over(rank))
+        .where(F.col("_n") <= opts.examples)
+        .drop("_n")
+        .collect()
+    )
+    by_reason = _counts(found, "kind", "reason", "topic")
+
+    leg_rows = legs(i)
+    lat = latencies(leg_rows)
+    lat.write.mode("overwrite").parquet(str(out / "latencies"))
+    lat_rows = spark.read.parquet(str(out / "latencies")).collect()
+    hist_rows = histograms(leg_rows).collect()
+    tp, slot_ms = throughput(i)
+    tp_rows = tp.collect()
+
+    visible = i.visible
+    per_topic = _counts(visible, "topic")
+    tx_topic = _counts(visible.where(F.col("tx_id").isNotNull()), "topic")
+    ik_topic = _counts(visible.where(F.col("idempotency_key").startswith("outbox:")), "topic")
+    corrupt = i.corrupt.orderBy("position").limit(max(opts.examples, 1)).collect()
+    corrupt_count = i.corrupt.count()
+    records = i.records.count()
+
+    topics = sorted(set(per_topic) | {t for (_k, _r, t) in by_reason if t})
+    topic_rows = []
+    for t in topics:
+        row: dict[str, Any] = {
+            "topic": t,
+            "messages": per_topic.get(t, 0),
+            "transactional": tx_topic.get(t, 0),
+            "outbox": ik_topic.get(t, 0),
+        }
+        for kind in KINDS:
+            row[kind] = sum(n for (k, _r, tt), n in by_reason.items() if k == kind and tt == t)
+        row["latency"] = {
+            r["leg"]: {
+                "count": r["count"],
+                "p50": r["p50"],
+                "p95": r["p95"],
+                "p99": r["p99"],
+                "max": r["max"],
+            }
+            for r in lat_rows
+            if r["topic"] == t and (r["group"] is None or r["leg"] != "commit → store")
+        }
+        topic_rows.append(row)
+    spark.createDataFrame(
+        [{k: v for k, v in r.items() if k != "latency"} for r in topic_rows] or [],
+        "topic string, messages long, transactional long, outbox long, lost long, "
+        "phantom long, duplicate long, stuck long",
+    ).write.mode("overwrite").parquet(str(out / "topics"))
+
+    totals = {k: sum(n for (kk, _r, _t), n in by_reason.items() if kk == k) for k in KINDS}
+    summary: dict[str, Any] = {
+        "version": SUMMARY_VERSION,
+        "generated_at_ms": int(time.time() * 1000),
+        "as_of_ms": as_of_ms,
+        "grace_s": opts.grace_s,
+        "clean": sum(totals.values()) == 0,
+        "anomalies": totals,
+        "by_reason": [
+            {"kind": k, "reason": r, "topic": t, "count": n}
+            for (k, r, t), n in sorted(
+                by_reason.items(), key=lambda x: (list(REASONS).index(x[0][1]), x[0][2] or "")
+            )
+        ],
+        "inputs": {
+            "log": {
+                "path": str(opts.log) if opts.log else None,
+                "segments": extracted.log_segments,
+                "records": records,
+                "corrupt": corrupt_count,
+                "read_this_run": extracted.log_records,
+            },
+            "services": extracted.rows,
+            "run": state.run,
+        },
+        "topics": topic_rows,
+        "latency": [r.asDict() for r in lat_rows],
+        "histograms": [r.asDict() for r in hist_rows],
+        "throughput": {"slot_ms": slot_ms, "rows": [r.asDict() for r in tp_rows]},
+        "examples": [r.asDict() for r in examples],
+        "corrupt": [
+            {"segment": r["segment"], "position": r["position"], "reason": r["corrupt"]}
+            for r in corrupt
+        ],
+        "seconds": round(time.time() - started, 3),
+    }
+    for df in (i.log, i.local_tx, i.outbox, i.inbox):
+        df.unpersist()
+    return summary

@@ -1,0 +1,288 @@
+"""The anomalies: each kind is one join, written here once (docs/reconciliation.md explains
+each in words, with the same names).
+
+Every check returns rows of one schema, :data:`ANOMALY_COLUMNS`:
+
+    kind     lost | phantom | duplicate | stuck
+    reason   which check found it (below)
+    topic    the message's topic (the intended one for halves and outbox rows)
+    service  the service whose table the row came from, when there is one
+    group    the consumer group, for consumer-side findings
+    id       the transaction id, outbox key, idempotency key, message id or effect value
+    at_ms    when the thing happened (local commit, store time, ...), epoch ms
+    copies   how many there are, for duplicates
+
+``cutoff_ms`` is "now minus the grace": anything younger is still in flight and not judged.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from txbroker.tx.state import HALF_TOPIC, OP_TOPIC
+from txbroker_reconcile.inputs import Inputs
+
+__all__ = ["ANOMALY_COLUMNS", "KINDS", "REASONS", "anomalies", "subscriptions"]
+
+KINDS: Final = ("lost", "phantom", "duplicate", "stuck")
+
+# reason -> kind, in the order the report lists them.
+REASONS: Final = {
+    "committed, no message": "lost",
+    "outbox row published, no message": "lost",
+    "local transaction rolled back": "phantom",
+    "no local transaction": "phantom",
+    "two messages for one transaction": "duplicate",
+    "two messages for one idempotency key": "duplicate",
+    "effect applied twice": "duplicate",
+    "half message undecided": "stuck",
+    "transaction parked": "stuck",
+    "outbox row not published": "stuck",
+    "not processed by the group": "stuck",
+    "dead-lettered": "stuck",
+}
+
+ANOMALY_COLUMNS: Final = ("kind", "reason", "topic", "service", "group", "id", "at_ms", "copies")
+
+
+def _rows(df: DataFrame, reason: str, **cols: Column) -> DataFrame:
+    """Shape ``df`` into anomaly rows; columns not given are null."""
+    values = {
+        "kind": F.lit(REASONS[reason]),
+        "reason": F.lit(reason),
+        "topic": F.lit(None).cast("string"),
+        "service": F.lit(None).cast("string"),
+        "group": F.lit(None).cast("string"),
+        "id": F.lit(None).cast("string"),
+        "at_ms": F.lit(None).cast("long"),
+        "copies": F.lit(None).cast("long"),
+    }
+    for name, col in cols.items():
+        values[name] = col.cast("long") if name in ("at_ms", "copies") else col.cast("string")
+    return df.select(*(values[c].alias(c) for c in ANOMALY_COLUMNS))
+
+
+def producer_topics(i: Inputs) -> DataFrame:
+    """(topic) whose transactional messages some given service produces: the topics its local
+    transactions name, and the target topics of halves from producer groups whose transactions
+    are found in a given service's table (so a topic is covered even before its first
+    committed row). A phantom can only be judged on a covered topic."""
+    from_rows = i.local_tx.select("topic").where(F.col("topic").isNotNull())
+    groups = (
+        i.halves.select("tx_id", "producer_group")
+        .join(i.local_tx.select("tx_id"), "tx_id")
+        .select("producer_group")
+        .distinct()
+    )
+    from_halves = i.halves.join(F.broadcast(groups), "producer_group").select(
+        F.col("target_topic").alias("topic")
+    )
+    return from_rows.union(from_halves).distinct()
+
+
+def subscriptions(i: Inputs) -> DataFrame:
+    """(service, group, topic, since_ms): a group consumes a topic when its inbox holds a
+    message of that topic; it is judged on messages stored from the first one it processed
+    (a group created later may have started at the end of the queue)."""
+    return (
+        i.inbox.select("service", "consumer_group", "message_id")
+        .join(i.visible.select("message_id", "topic", "store_ms"), "message_id")
+        .groupBy("service", "consumer_group", "topic")
+        .agg(F.min("store_ms").alias("since_ms"))
+    )
+
+
+def lost(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
+    vis_tx = i.visible.select("tx_id").where(F.col("tx_id").isNotNull()).distinct()
+    committed = i.committed.where(F.col("created_ms") < cutoff_ms)
+    lost_tx = committed.join(vis_tx, "tx_id", "left_anti")
+    vis_keys = i.visible.select(F.col("idempotency_key").alias("key")).where(
+        F.col("key").isNotNull()
+    )
+    published = i.outbox.where(
+        F.col("published_ms").isNotNull() & (F.col("created_ms") < cutoff_ms)
+    ).withColumn("key", i.outbox_key())
+    lost_outbox = published.join(vis_keys.distinct(), "key", "left_anti")
+    return [
+        _rows(
+            lost_tx,
+            "committed, no message",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            id=F.col("tx_id"),
+            at_ms=F.col("created_ms"),
+        ),
+        _rows(
+            lost_outbox,
+            "outbox row published, no message",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            id=F.col("key"),
+            at_ms=F.col("created_ms"),
+        ),
+    ]
+
+
+def phantom(i: Inputs) -> list[DataFrame]:
+    vis_tx = i.visible.where(F.col("tx_id").isNotNull()).join(
+        F.broadcast(producer_topics(i)), "topic"
+    )
+    orphan = vis_tx.join(i.committed.select("tx_id"), "tx_id", "left_anti")
+    rolled = i.local_tx.where(F.col("state") == "rolled_back").select("tx_id", "service")
+    found = orphan.join(rolled, "tx_id", "left")
+    return [
+        _rows(
+            found.where(F.col("service").isNotNull()),
+            "local transaction rolled back",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            id=F.col("tx_id"),
+            at_ms=F.col("store_ms"),
+        ),
+        _rows(
+            found.where(F.col("service").isNull()),
+            "no local transaction",
+            topic=F.col("topic"),
+            id=F.col("tx_id"),
+            at_ms=F.col("store_ms"),
+        ),
+    ]
+
+
+def duplicate(i: Inputs) -> list[DataFrame]:
+    def twice(key: str) -> DataFrame:
+        return (
+            i.visible.where(F.col(key).isNotNull())
+            .groupBy(key)
+            .agg(F.count("*").alias("copies"), F.min("topic").alias("topic"), F.min("store_ms"))
+            .where(F.col("copies") > 1)
+        )
+
+    return [
+        _rows(
+            twice("tx_id"),
+            "two messages for one transaction",
+            topic=F.col("topic"),
+            id=F.col("tx_id"),
+            at_ms=F.col("min(store_ms)"),
+            copies=F.col("copies"),
+        ),
+        _rows(
+            twice("idempotency_key"),
+            "two messages for one idempotency key",
+            topic=F.col("topic"),
+            id=F.col("idempotency_key"),
+            at_ms=F.col("min(store_ms)"),
+            copies=F.col("copies"),
+        ),
+        _rows(
+            i.effects,
+            "effect applied twice",
+            service=F.col("service"),
+            group=F.col("effect"),
+            id=F.col("value"),
+            copies=F.col("copies"),
+        ),
+    ]
+
+
+def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
+    # A commit is recorded by the committed copy itself (in its topic, or the schedule topic
+    # when delayed); a rollback by an op record.
+    resolved = i.records.where(
+        F.col("tx_id").isNotNull() & ~F.col("topic").isin(HALF_TOPIC, OP_TOPIC)
+    )
+    decided = (
+        i.ops.where(F.col("tx_op").isin("commit", "rollback"))
+        .select("tx_id")
+        .union(resolved.select("tx_id"))
+        .distinct()
+    )
+    last_park = Window.partitionBy("tx_id").orderBy(F.col("position").desc())
+    parked = (
+        i.ops.where(F.col("tx_op").isin("park", "resume"))
+        .withColumn("n", F.row_number().over(last_park))
+        .where((F.col("n") == 1) & (F.col("tx_op") == "park"))
+        .select("tx_id", F.lit(True).alias("parked"))
+    )
+    open_halves = (
+        i.halves.join(decided, "tx_id", "left_anti")
+        .where(F.col("store_ms") + F.coalesce(F.col("timeout_ms"), F.lit(0)) < cutoff_ms)
+        .join(parked, "tx_id", "left")
+    )
+    unpublished = i.outbox.where(
+        F.col("published_ms").isNull() & (F.col("created_ms") < cutoff_ms)
+    ).withColumn("key", i.outbox_key())
+    subs = subscriptions(i)
+    due = (
+        i.visible.where(F.col("store_ms") < cutoff_ms)
+        .select("topic", "message_id", "store_ms")
+        .join(F.broadcast(subs), "topic")
+        .where(F.col("store_ms") >= F.col("since_ms"))
+    )
+    missed = due.join(
+        i.inbox.select("service", "consumer_group", "message_id"),
+        ["service", "consumer_group", "message_id"],
+        "left_anti",
+    )
+    # A message the group gave up on sits in its dead-letter topic with the same id.
+    dead = i.dead_letters.select(
+        "message_id",
+        F.substring_index(F.col("topic"), "%", -1).alias("consumer_group"),
+        F.lit(True).alias("dead"),
+    ).distinct()
+    missed = missed.join(dead, ["message_id", "consumer_group"], "left")
+    return [
+        _rows(
+            open_halves.where(F.col("parked").isNull()),
+            "half message undecided",
+            topic=F.col("target_topic"),
+            group=F.col("producer_group"),
+            id=F.col("tx_id"),
+            at_ms=F.col("store_ms"),
+        ),
+        _rows(
+            open_halves.where(F.col("parked")),
+            "transaction parked",
+            topic=F.col("target_topic"),
+            group=F.col("producer_group"),
+            id=F.col("tx_id"),
+            at_ms=F.col("store_ms"),
+        ),
+        _rows(
+            unpublished,
+            "outbox row not published",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            id=F.col("key"),
+            at_ms=F.col("created_ms"),
+        ),
+        _rows(
+            missed.where(F.col("dead").isNull()),
+            "not processed by the group",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            group=F.col("consumer_group"),
+            id=F.col("message_id"),
+            at_ms=F.col("store_ms"),
+        ),
+        _rows(
+            missed.where(F.col("dead")),
+            "dead-lettered",
+            topic=F.col("topic"),
+            service=F.col("service"),
+            group=F.col("consumer_group"),
+            id=F.col("message_id"),
+            at_ms=F.col("store_ms"),
+        ),
+    ]
+
+
+def anomalies(i: Inputs, cutoff_ms: int) -> DataFrame:
+    parts = [*lost(i, cutoff_ms), *phantom(i), *duplicate(i), *stuck(i, cutoff_ms)]
+    return reduce(DataFrame.unionByName, parts)

@@ -1,0 +1,123 @@
+"""Latency per topic along the message's path, and the traffic over time.
+
+Three legs, each a join on the id both sides carry:
+
+    commit → store       txb_local_tx.created_at (or txb_outbox.created_at) to the visible
+                         record's store time; joined on the transaction id (the outbox key)
+    store → processed    the visible record's store time to txb_inbox.processed_at, per group;
+                         joined on the message id
+    commit → processed   the two above end to end, per group
+
+The services' times are their database's clock (PostgreSQL's ``now()`` is the transaction's
+start; SQLite's ``CURRENT_TIMESTAMP`` has whole seconds), the broker's its own: on one host
+they agree, across hosts they are as good as the hosts' clock sync.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Final
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from txbroker_reconcile.inputs import Inputs
+
+__all__ = ["HISTOGRAM_EDGES_MS", "LEGS", "histograms", "latencies", "legs", "throughput"]
+
+LEGS: Final = ("commit → store", "store → processed", "commit → processed")
+# Histogram bucket edges (ms), roughly x2.5 apart: fine where latencies live, wide in the tail.
+HISTOGRAM_EDGES_MS: Final = (
+    1,
+    2,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    60_000,
+)
+_ACCURACY: Final = 10_000  # percentile_approx's relative error is 1/accuracy
+
+
+def legs(i: Inputs) -> DataFrame:
+    """(topic, leg, group, ms): one row per measured leg of one message."""
+    vis = i.visible.select("topic", "tx_id", "idempotency_key", "message_id", "store_ms")
+    tx = i.committed.select("tx_id", F.col("created_ms").alias("commit_ms"))
+    ob = i.outbox.select(
+        i.outbox_key().alias("idempotency_key"), F.col("created_ms").alias("commit_ms")
+    )
+    committed = vis.join(tx, "tx_id").unionByName(
+        vis.join(ob, "idempotency_key"), allowMissingColumns=False
+    )
+    inbox = i.inbox.select("consumer_group", "message_id", "processed_ms")
+    processed = vis.join(inbox, "message_id")
+    end_to_end = committed.join(inbox, "message_id")
+    null_group = F.lit(None).cast("string")
+    return reduce(
+        DataFrame.unionByName,
+        [
+            committed.select(
+                "topic",
+                F.lit(LEGS[0]).alias("leg"),
+                null_group.alias("group"),
+                (F.col("store_ms") - F.col("commit_ms")).alias("ms"),
+            ),
+            processed.select(
+                "topic",
+                F.lit(LEGS[1]).alias("leg"),
+                F.col("consumer_group").alias("group"),
+                (F.col("processed_ms") - F.col("store_ms")).alias("ms"),
+            ),
+            end_to_end.select(
+                "topic",
+                F.lit(LEGS[2]).alias("leg"),
+                F.col("consumer_group").alias("group"),
+                (F.col("processed_ms") - F.col("commit_ms")).alias("ms"),
+            ),
+        ],
+    )
+
+
+def latencies(legs: DataFrame) -> DataFrame:
+    """(topic, leg, group, count, p50, p95, p99, max) in ms."""
+    pct = F.percentile_approx("ms", [0.5, 0.95, 0.99], _ACCURACY)
+    return (
+        legs.groupBy("topic", "leg", "group")
+        .agg(F.count("*").alias("count"), pct.alias("p"), F.max("ms").alias("max"))
+        .select(
+            "topic",
+            "leg",
+            "group",
+            "count",
+            F.col("p")[0].alias("p50"),
+            F.col("p")[1].alias("p95"),
+            F.col("p")[2].alias("p99"),
+            "max",
+        )
+    )
+
+
+def histograms(legs: DataFrame) -> DataFrame:
+    """(topic, leg, bucket, count): how many legs fall below each edge (bucket = the edge's
+    index; one past the last edge for the rest). Negative legs (clock skew) land in 0."""
+    bucket = F.lit(len(HISTOGRAM_EDGES_MS))
+    for n, edge in reversed(list(enumerate(HISTOGRAM_EDGES_MS))):
+        bucket = F.when(F.col("ms") < edge, n).otherwise(bucket)
+    return legs.groupBy("topic", "leg", bucket.alias("bucket")).count()
+
+
+def throughput(i: Inputs, buckets: int = 60) -> tuple[DataFrame, int]:
+    """(topic, t_ms, count): visible messages per topic per time slot, the slot chosen so the
+    whole span is about ``buckets`` slots; returns the slot width (ms) too."""
+    span = i.visible.agg(F.min("store_ms"), F.max("store_ms")).first()
+    lo, hi = (span[0], span[1]) if span and span[0] is not None else (0, 0)
+    width = max(1_000, -(-(hi - lo + 1) // buckets))
+    slot = (F.floor((F.col("store_ms") - lo) / width) * width + lo).cast("long")
+    return i.visible.groupBy("topic", slot.alias("t_ms")).count(), width

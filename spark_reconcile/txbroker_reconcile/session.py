@@ -1,0 +1,49 @@
+"""The Spark session the job runs in: local by default, the cluster's under spark-submit.
+
+Settings that matter for correctness are fixed here: the session time zone is UTC (the services'
+timestamps are compared with the broker's epoch milliseconds) and the workers run this
+interpreter (the log's data source and the record layout are Python).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from pyspark.sql import SparkSession
+
+from txbroker_reconcile.logsource import LogDataSource
+
+__all__ = ["spark_session"]
+
+
+def spark_session(
+    master: str, jars: Sequence[str], *, shuffle_partitions: int | None = None
+) -> SparkSession:
+    """Build (or join, under spark-submit) the session, with the JDBC jars and the log's data
+    source registered."""
+    # Executors started by this driver run the same interpreter, so they import the same
+    # txbroker_reconcile; PYSPARK_PYTHON set by the user (a cluster's own Python) wins.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    cores = os.cpu_count() or 2
+    builder = (
+        SparkSession.builder.appName("txbroker-reconcile")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, 4 * cores)))
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Not under spark-submit (which starts the JVM first and hands Python its port): the
+        # master is ours to set. Under spark-submit its --master stands.
+        builder = builder.master(master).config("spark.ui.enabled", "false")
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(LogDataSource)
+    return spark

@@ -1,0 +1,77 @@
+"""The summary document (``summary.json``) and its rendering on a terminal.
+
+The document is the job's stable interface: the broker's metrics and console read it, so its
+top-level keys change only with ``version``. It is written to a temporary name and renamed, so
+a reader (``--every`` rewrites it) never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["SUMMARY_FILE", "SUMMARY_VERSION", "print_summary", "write_summary"]
+
+SUMMARY_VERSION: Final = 1
+SUMMARY_FILE: Final = "summary.json"
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> Path:
+    path = out / SUMMARY_FILE
+    tmp = out / (SUMMARY_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def print_summary(summary: dict[str, Any], report: Path, console: Console) -> None:
+    table = Table(title="Reconciliation per topic", title_justify="left")
+    for col in ("topic", "messages", "lost", "phantom", "duplicate", "stuck"):
+        table.add_column(col, justify="left" if col == "topic" else "right")
+    table.add_column("commit→processed p50 / p99 ms", justify="right")
+    for t in summary["topics"]:
+        e2e = t["latency"].get("commit → processed") or {}
+        table.add_row(
+            t["topic"],
+            f"{t['messages']:,}",
+            *(f"{t[k]:,}" for k in ("lost", "phantom", "duplicate", "stuck")),
+            f"{_ms(e2e.get('p50'))} / {_ms(e2e.get('p99'))}",
+        )
+    console.print(table)
+    if summary["by_reason"]:
+        reasons = Table(title="Anomalies", title_justify="left")
+        for col in ("kind", "reason", "topic", "count", "examples"):
+            reasons.add_column(col, justify="right" if col == "count" else "left")
+        for r in summary["by_reason"]:
+            ids = [
+                e["id"]
+                for e in summary["examples"]
+                if (e["kind"], e["reason"], e["topic"]) == (r["kind"], r["reason"], r["topic"])
+            ][:3]
+            reasons.add_row(
+                r["kind"], r["reason"], r["topic"] or "-", f"{r['count']:,}", " ".join(ids)
+            )
+        console.print(reasons)
+    log = summary["inputs"]["log"]
+    if log["corrupt"]:
+        console.print(
+            f"[yellow]{log['corrupt']:,} corrupt record(s) in the log[/] (see the report)"
+        )
+    totals = summary["anomalies"]
+    verdict = (
+        "[green]clean: every committed transaction has exactly one message, none is a "
+        "phantom, every group processed what it should[/]"
+        if summary["clean"]
+        else "[red]anomalies: " + ", ".join(f"{n:,} {k}" for k, n in totals.items() if n) + "[/]"
+    )
+    console.print(verdict)
+    console.print(f"report: {report}")
