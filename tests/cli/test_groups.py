@@ -66,7 +66,7 @@ def test_tables_for_people(broker: BrokerProcess) -> None:
     out = _cli(broker, "group", "list")
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()
-    assert header.split() == ["GROUP", "TOPIC", "MEMBERS", "LAG", "LAG", "PER", "QUEUE"]
+    assert header.split() == ["GROUP", "TOPIC", "MEMBERS", "LAG", "MSGS/S", "LAG", "PER", "QUEUE"]
     assert row.split()[:4] == ["billing", "orders", "0", "3"]
     out = _cli(broker, "group", "describe", "billing")
     assert out.returncode == 0, out.stderr
@@ -110,3 +110,28 @@ def test_unknown_names_are_clear_errors(broker: BrokerProcess) -> None:
     assert out.returncode == 2 and "NOT_FOUND" in out.stderr
     out = _cli(broker, "group", "list")
     assert out.returncode == 0 and out.stdout == "" and "no consumer groups" in out.stderr
+
+
+async def test_rates_once_the_broker_has_watched_for_a_few_seconds(
+    broker: BrokerProcess,
+) -> None:
+    async with await Client.connect(broker.url) as c:
+        await c.create_topic("rated", queues=1)
+        describe = ("topic", "describe", "rated", "--json")
+        first = _json(await asyncio.to_thread(_cli, broker, *describe))
+        assert first["rate_per_s"] is None  # not watched long enough yet
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:  # one message every 100 ms, until the broker reports a rate (bounded)
+            await c.send("rated", b"x")
+            async with Consumer(c, "raters", "rated") as consumer:
+                for m in await consumer.fetch(timeout_ms=1000):
+                    m.ack()
+            topic = _json(await asyncio.to_thread(_cli, broker, *describe))
+            [group] = topic["groups"] or [{"rate_per_s": None}]
+            if topic["rate_per_s"] and group["rate_per_s"]:
+                break
+            assert asyncio.get_running_loop().time() < deadline, topic
+            await asyncio.sleep(0.1)  # pacing the sends, not synchronisation
+    assert 0 < topic["rate_per_s"] < 100 and 0 < group["rate_per_s"] < 100
+    out = await asyncio.to_thread(_cli, broker, "topic", "describe", "rated")
+    assert "msgs/s over the last minute" in out.stdout

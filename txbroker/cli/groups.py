@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from txbroker.cli.common import Subparsers, add_broker_options, with_client
-from txbroker.cli.output import Column, print_fields, print_json, print_table
+from txbroker.cli.output import Column, print_fields, print_json, print_table, rate_text
 from txbroker.errors import NotFound
 
 __all__ = ["fetch_groups", "group_record", "print_groups", "register"]
@@ -47,6 +47,7 @@ def group_record(g: Any) -> dict[str, Any]:
         "topic": g.topic,
         "members": list(g.members),
         "lag": g.lag,
+        "rate_per_s": g.rate_per_s,
         "queues": [
             {"queue": q.queue, "max_offset": q.max_offset, "committed": q.committed, "lag": q.lag}
             for q in g.queues
@@ -58,12 +59,18 @@ def print_groups(groups: list[Any], *, title: str | None = None, with_topic: boo
     cols: list[Column | str] = ["GROUP"]
     if with_topic:
         cols.append("TOPIC")
-    cols += [Column("MEMBERS", numeric=True), Column("LAG", numeric=True), "LAG PER QUEUE"]
+    cols += [
+        Column("MEMBERS", numeric=True),
+        Column("LAG", numeric=True),
+        Column("MSGS/S", numeric=True),
+        "LAG PER QUEUE",
+    ]
     rows = []
     for g in groups:
         per_queue = " ".join(f"{q.queue}:{q.lag}" for q in g.queues)
+        rate = "-" if g.rate_per_s is None else f"{g.rate_per_s:,.1f}"
         row: list[object] = [g.group, *([g.topic] if with_topic else [])]
-        rows.append([*row, len(g.members), g.lag, per_queue])
+        rows.append([*row, len(g.members), g.lag, rate, per_queue])
     print_table(cols, rows, title=title, empty="no consumer groups")
 
 
@@ -98,6 +105,7 @@ async def _describe(c: Any, args: argparse.Namespace) -> int:
             "group": args.group,
             "topics": ", ".join(sorted({g.topic for g in groups})),
             "lag": sum(g.lag for g in groups),
+            "consumed": ", ".join(f"{g.topic}: {rate_text(g.rate_per_s)}" for g in groups),
         }
     )
     for g in groups:

@@ -41,6 +41,7 @@ __all__ = [
     "print_fields",
     "print_json",
     "print_table",
+    "rate_text",
     "status",
 ]
 
@@ -180,6 +181,13 @@ def human_time(ms: int, now_ms: int | None = None) -> str:
         return "-"
     local = datetime.fromtimestamp(ms / 1000).astimezone()
     return f"{local.isoformat(sep=' ', timespec='seconds')} ({ago(ms, now_ms)})"
+
+
+def rate_text(rate: float | None) -> str:
+    """A rate the broker measured over the last minute, or why there is none yet."""
+    if rate is None:
+        return "- (measured once the broker has watched it for a few seconds)"
+    return f"{rate:,.1f} msgs/s over the last minute"
 
 
 # --- long commands ---

@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from txbroker.cli.common import Subparsers, add_broker_options, positive, with_client
-from txbroker.cli.output import Column, human_time, print_fields, print_json, print_table
+from txbroker.cli.output import (
+    Column,
+    human_time,
+    print_fields,
+    print_json,
+    print_table,
+    rate_text,
+)
 
 __all__ = ["register", "topic_record"]
 
@@ -44,6 +51,7 @@ def topic_record(t: Any) -> dict[str, Any]:
         "queues": t.queues,
         "messages": t.messages,
         "created_ms": t.created_ms,
+        "rate_per_s": t.rate_per_s,
     }
 
 
@@ -93,6 +101,7 @@ async def _describe(c: Any, args: argparse.Namespace) -> int:
             "queues": t.queues,
             "messages": t.messages,
             "created": human_time(t.created_ms),
+            "rate in": rate_text(t.rate_per_s),
             "groups": len(groups),
         }
     )

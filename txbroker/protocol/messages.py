@@ -81,6 +81,7 @@ class TopicInfo(msgspec.Struct, frozen=True):
     messages: int = 0  # sum over queues of (max - min) offsets
     created_ms: int = 0
     offsets: list[QueueOffsets] = msgspec.field(default_factory=list)  # one per queue
+    rate_per_s: float | None = None  # messages stored per second, last minute (None: unknown)
 
 
 class SendRequest(msgspec.Struct, frozen=True):
@@ -304,6 +305,7 @@ class GroupInfo(msgspec.Struct, frozen=True):
     members: list[str]  # live members (heartbeating)
     queues: list[QueueLag]
     lag: int  # over all queues
+    rate_per_s: float | None = None  # messages committed per second, last minute
 
 
 class GroupsResponse(msgspec.Struct, frozen=True):

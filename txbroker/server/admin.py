@@ -6,9 +6,12 @@ admin API and /metrics all read these answers.
 
 from __future__ import annotations
 
+import time
+
 from txbroker.errors import NotFound
 from txbroker.protocol.messages import GroupInfo, QueueLag, QueueOffsets, TopicInfo
 from txbroker.server.groups import GroupCoordinator
+from txbroker.server.rates import Rates
 from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import MessageStore
 
@@ -20,6 +23,25 @@ class Admin:
         self._store = store
         self._topics = topics
         self._groups = groups
+        self._topic_rates: Rates[str] = Rates()
+        self._group_rates: Rates[tuple[str, str]] = Rates()
+
+    def sample(self, now: float | None = None) -> None:
+        """Sample the counters rates are computed from (the housekeeping loop, once a second):
+        each topic's end offsets and each group's committed offsets, summed over queues."""
+        now = time.monotonic() if now is None else now
+        ends = {}
+        for t in self._topics.list():
+            ends[t.name] = sum(o.max_offset for o in self.offsets(t))
+        self._topic_rates.add(now, ends)
+        committed = {}
+        for owner, name in self._groups.groups():
+            if name in ends:
+                queues = range(self._topics.get(name).queues)
+                committed[(owner, name)] = sum(
+                    self._groups.committed(owner, name, q) or 0 for q in queues
+                )
+        self._group_rates.add(now, committed)
 
     def offsets(self, topic: Topic) -> list[QueueOffsets]:
         out = []
@@ -31,7 +53,8 @@ class Admin:
     def topic_info(self, topic: Topic) -> TopicInfo:
         offsets = self.offsets(topic)
         messages = sum(o.max_offset - o.min_offset for o in offsets)
-        return TopicInfo(topic.name, topic.queues, messages, topic.created_ms, offsets)
+        rate = self._topic_rates.rate(topic.name)
+        return TopicInfo(topic.name, topic.queues, messages, topic.created_ms, offsets, rate)
 
     def lag(self, owner: str, topic: Topic) -> list[QueueLag]:
         """Per queue: messages past the group's committed offset (from the oldest one kept,
@@ -64,5 +87,7 @@ class Admin:
                 continue  # the topic was deleted since
             queues = self.lag(owner, t)
             members = sorted(self._groups.members(base, name))
-            out.append(GroupInfo(owner, name, members, queues, sum(q.lag for q in queues)))
+            lag = sum(q.lag for q in queues)
+            rate = self._group_rates.rate((owner, name))
+            out.append(GroupInfo(owner, name, members, queues, lag, rate))
         return out

@@ -49,6 +49,7 @@ class BrokerServer:
         self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._admin: Admin | None = None
         self._http: HttpServer | None = None
         self.http_port = 0
         self._server: asyncio.Server | None = None
@@ -116,7 +117,7 @@ class BrokerServer:
         )
         self.tx.on_prepared = self.checker.schedule
         self.checker.start()
-        admin = Admin(self.store, self.topics, self.groups)
+        admin = self._admin = Admin(self.store, self.topics, self.groups)
         handlers = build_handlers(admin, self.topics, producer, self.consumer, retry, self.tx)
         direct = build_direct_handlers(self.tx)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
@@ -158,10 +159,13 @@ class BrokerServer:
         self.http_port = self._http.port
 
     async def _housekeep(self) -> None:
-        """Expire silent group members and persist committed offsets, once a second."""
+        """Expire silent group members, sample the rates operators see and persist committed
+        offsets, once a second."""
         while True:
             await asyncio.sleep(1)
             self.groups.expire_all()
+            if self._admin is not None:
+                self._admin.sample()
             for snap in self._snapshots():
                 try:
                     await snap.save_async()
