@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,10 +54,18 @@ T = TypeVar("T")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A free port below the kernel's ephemeral range: the orders service is restarted on its
+    port, and meanwhile an outgoing connection could take a port from that range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(max(low - 12_000, 1024), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port found")
 
 
 class Service:
@@ -168,7 +177,9 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
         tmp_path / "broker", "--config", str(settings), "--tx-secret", f"orders-svc={SECRET}"
     )
     broker.start()
-    orders_port, billing_port = _free_port(), _free_port()
+    orders_port = billing_port = _free_port()
+    while billing_port == orders_port:
+        billing_port = _free_port()
     common = {"TXB_URL": broker.url, "TXB_CHECK_SECRET": SECRET}
     orders = Service(
         "orders",
@@ -198,10 +209,11 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
             assert "Application shutdown complete" in service.log(), service.log()
 
 
-async def _until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+async def _until(shop: Shop, what: str, check: Callable[[], Awaitable[bool]]) -> None:
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while not await check():
-        assert time.monotonic() < deadline, f"not within {SETTLE_TIMEOUT_S} s: {what}"
+        logs = f"orders:\n{shop.orders.log()}\nbilling:\n{shop.billing.log()}"
+        assert time.monotonic() < deadline, f"not within {SETTLE_TIMEOUT_S} s: {what}\n{logs}"
         await asyncio.sleep(0.1)  # polling another process's database, not a synchronisation
 
 
@@ -241,7 +253,7 @@ async def test_each_order_is_billed_once_and_audited(shop: Shop) -> None:
     async def all_billed() -> bool:
         return ids <= set(await _invoices(shop))
 
-    await _until("every order invoiced", all_billed)
+    await _until(shop, "every order invoiced", all_billed)
     assert await _invoices(shop) == dict.fromkeys(ids, 1)
     assert await _audited(shop.broker, ids) == ids
     # The billing service's read route, through its session dependency.
@@ -279,7 +291,7 @@ async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
     async def settled() -> bool:
         return "lost" in await barrier() and {"kept", "after"} <= set(await _invoices(shop))
 
-    await _until("both transactions settled and the committed orders invoiced", settled)
+    await _until(shop, "both transactions settled and the committed orders invoiced", settled)
     assert await barrier() == {"lost": "rolled_back", "kept": "committed", "after": "committed"}
     async with shop.orders_db.connect() as conn:
         assert set((await conn.scalars(sa.select(ORDERS.c.id))).all()) == {"kept", "after"}
