@@ -180,7 +180,9 @@ class TxbService:
         [Callable[Concatenate[AsyncSession, P], Awaitable[R]]], Callable[P, Awaitable[R]]
     ]:
         """:meth:`TxPublisher.transactional` of the publisher this service builds at start.
-        The decorated function is called without its session: ``await place_order(order)``."""
+        The decorated function is called without its session: ``await place_order(order)``.
+        Decorated once the service runs, it is bound at once (but its topic is created at start
+        only if named there: in ``topics``)."""
         if self.producer_group is None:
             raise InvalidArgument(
                 "@transactional needs the service's producer_group, secret and public_url"
@@ -198,6 +200,9 @@ class TxbService:
         ) -> Callable[P, Awaitable[R]]:
             entry = _Transactional(topic, fn, options)
             self._transactional.append(entry)
+            publisher = self._running.publisher if self._running is not None else None
+            if publisher is not None:  # decorated while running: bound now
+                entry.bound = publisher.transactional(topic, **options)(fn)
 
             @functools.wraps(fn)
             async def run(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -215,6 +220,10 @@ class TxbService:
     ) -> Callable[[Handler], Handler]:
         """:meth:`Subscribers.subscriber` of the subscribers this service starts: apply each
         message of ``topic`` once, in the handler's transaction, for consumer ``group``."""
+        if self._running is not None:
+            raise InvalidArgument(
+                f"subscribe to {topic!r} before the service starts: its subscribers run"
+            )
         options: dict[str, Any] = {"group": group, "concurrency": concurrency, "order": order}
 
         def register(fn: Handler) -> Handler:
@@ -269,6 +278,13 @@ class TxbService:
                 self._mount(app, engine, stack)
                 running.publisher = self._bind(running, stack, deadline)
             await self._start_runners(running, stack, deadline)
+            log.info(
+                "txbroker service started: broker=%s check_url=%s subscriptions=%d relay=%s",
+                self.broker,
+                self.check_url,
+                len(self._subscriptions),
+                "yes" if self._relay is not None else "no",
+            )
             yield
 
     async def _open_database(self, stack: contextlib.AsyncExitStack) -> AsyncEngine:
@@ -336,10 +352,14 @@ class TxbService:
         # At shutdown (in reverse): the functions unbound (a call then fails with NotStarted),
         # then the answers to the END_TX already posted awaited, before the client closes.
         stack.push_async_callback(_bounded, publisher.flush, deadline, "waiting for END_TX answers")
+        stack.callback(self._unbind)
         for entry in self._transactional:
             entry.bound = publisher.transactional(entry.topic, **entry.options)(entry.fn)
-            stack.callback(setattr, entry, "bound", None)
         return publisher
+
+    def _unbind(self) -> None:
+        for entry in self._transactional:
+            entry.bound = None
 
     async def _start_runners(
         self, running: _Running, stack: contextlib.AsyncExitStack, deadline: _Deadline

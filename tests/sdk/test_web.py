@@ -164,6 +164,15 @@ async def test_lifespan_wires_a_fastapi_service(broker: BrokerProcess, sqlite_ur
         assert res.json() == {"seen": 1, "check_url": f"{base}/txb/check"}
         assert sorted(applied) == ["a", "b"]
 
+        # Decorated while running: bound at once. Subscribing now is refused (too late).
+        @txb.transactional("notes")
+        async def add_later(session: AsyncSession) -> dict[str, str]:
+            return {"id": "later"}
+
+        assert await add_later() == {"id": "later"}
+        with pytest.raises(InvalidArgument, match="before the service starts"):
+            txb.subscriber("notes", group="late")
+
     # Shut down: unbound, unmounted, disconnected; a second start would mount it again.
     assert not client.connected
     assert not any(getattr(r, "path", None) == "/txb/check" for r in app.router.routes)
