@@ -140,6 +140,7 @@ def _newest_ms(seg: MappedFile, successor: MappedFile) -> int | None:
 
 
 def unlink_all(files: list[MappedFile]) -> None:
+    """Close and delete ``files``, then sync their directories so the deletions hold."""
     for f in files:
         f.close(unlink=True)
     for d in {f.path.parent for f in files}:
