@@ -6,7 +6,7 @@ SVG written here is plain markup the browser draws itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Final
 
@@ -57,7 +57,7 @@ def _legend(names: Sequence[str]) -> str:
 
 
 def bar_chart(
-    categories: Sequence[str], series: dict[str, Sequence[float]], *, y_label: str, title: str
+    categories: Sequence[str], series: Mapping[str, Sequence[float]], *, y_label: str, title: str
 ) -> str:
     """Grouped bars: one group per category, one bar per series."""
     ymax = _nice_max(max((v for vals in series.values() for v in vals), default=0))
@@ -91,7 +91,7 @@ def bar_chart(
 
 def line_chart(
     xs: Sequence[float],
-    series: dict[str, Sequence[float]],
+    series: Mapping[str, Sequence[float]],
     *,
     x_labels: Sequence[str],
     y_label: str,

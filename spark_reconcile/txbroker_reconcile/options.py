@@ -161,7 +161,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "txbroker reconcil
         if m is None:
             raise CannotRun(f"--effect {service}={column}: expected TABLE.COLUMN")
         effects.setdefault(service, []).append((m.group(1), m.group(2)))
-    services = []
+    services: list[ServiceSpec] = []
     for name, url in _pairs(args.service, "--service"):
         if any(s.name == name for s in services):
             raise CannotRun(f"--service {name} is given twice")

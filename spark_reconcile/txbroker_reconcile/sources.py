@@ -51,6 +51,10 @@ OUTBOX: Final = {
 }
 
 
+def _custom(types: dict[str, str]) -> str:
+    return ", ".join(f"{c} {t.upper()}" for c, t in types.items())
+
+
 def _typed(df: DataFrame, schema: dict[str, str]) -> DataFrame:
     return df.select(*(F.col(c).cast(t).alias(c) for c, t in schema.items()))
 
@@ -96,12 +100,12 @@ class ServiceDb:
     def local_tx(self, since_ms: int | None) -> DataFrame:
         columns = f"tx_id, state, topic, {self.ms('created_at')} AS created_ms"
         where = self._since("created_at", since_ms)
-        return _typed(self._read("txb_local_tx", columns, "created_at", where), LOCAL_TX)
+        return _typed(self._read("txb_local_tx", columns, "created_at", where, LOCAL_TX), LOCAL_TX)
 
     def inbox(self, since_ms: int | None) -> DataFrame:
         columns = f"consumer_group, message_id, {self.ms('processed_at')} AS processed_ms"
         where = self._since("processed_at", since_ms)
-        return _typed(self._read("txb_inbox", columns, "processed_at", where), INBOX)
+        return _typed(self._read("txb_inbox", columns, "processed_at", where, INBOX), INBOX)
 
     def outbox(self, from_id: int | None) -> DataFrame:
         columns = (
@@ -109,7 +113,7 @@ class ServiceDb:
             f"{self.ms('published_at')} AS published_ms, attempts"
         )
         where = f" WHERE id >= {int(from_id)}" if from_id is not None else ""
-        return _typed(self._read("txb_outbox", columns, "id", where), OUTBOX)
+        return _typed(self._read("txb_outbox", columns, "id", where, OUTBOX), OUTBOX)
 
     def repeated_effects(self, table: str, column: str) -> DataFrame:
         """Values of ``table.column`` found more than once, counted in the database (only the
@@ -119,7 +123,7 @@ class ServiceDb:
             f"SELECT {_TEXT[self.dialect].format(c=column)} AS value, COUNT(*) AS copies "
             f"FROM {table} WHERE {column} IS NOT NULL GROUP BY {column} HAVING COUNT(*) > 1"
         )
-        return self._jdbc(sql)
+        return self._jdbc(sql, {"value": "string", "copies": "long"})
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -130,19 +134,21 @@ class ServiceDb:
             return f" WHERE {column} >= to_timestamp({int(ms) / 1000:.3f})"
         return f" WHERE {column} >= datetime({int(ms) / 1000:.3f}, 'unixepoch')"
 
-    def _read(self, table: str, columns: str, part: str, where: str) -> DataFrame:
+    def _read(
+        self, table: str, columns: str, part: str, where: str, types: dict[str, str]
+    ) -> DataFrame:
         """``SELECT columns FROM table where``; on PostgreSQL in ranges of ``part`` (an
         indexed time or id column) when the table is large."""
         if self.dialect != "postgresql":
             self._probe(table, f"SELECT COUNT(*) FROM {table}")
-            return self._jdbc(f"SELECT {columns} FROM {table}{where}")
+            return self._jdbc(f"SELECT {columns} FROM {table}{where}", types)
         lo, hi, rows = self._probe(
             table, f"SELECT MIN({part}) AS lo, MAX({part}) AS hi, COUNT(*) AS n FROM {table}{where}"
         )
         parts = min(MAX_PARTITIONS, max(1, -(-rows // ROWS_PER_PARTITION)))
         sql = f"SELECT {columns}, {part} AS _part FROM {table}{where}"
         if parts == 1 or lo is None:
-            return self._jdbc(sql).drop("_part")
+            return self._jdbc(sql, types).drop("_part")
         bound = str if part == "id" else _spark_ts
         return (
             self.spark.read.format("jdbc")
@@ -154,18 +160,20 @@ class ServiceDb:
                 upperBound=bound(hi),
                 numPartitions=str(parts),
                 fetchsize=str(FETCH_SIZE),
+                customSchema=_custom(types),
                 **self.props,
             )
             .load()
             .drop("_part")
         )
 
-    def _jdbc(self, sql: str) -> DataFrame:
-        return (
-            self.spark.read.format("jdbc")
-            .options(url=self.jdbc_url, query=sql, fetchsize=str(FETCH_SIZE), **self.props)
-            .load()
-        )
+    def _jdbc(self, sql: str, types: dict[str, str] | None = None) -> DataFrame:
+        """One query. ``types`` pins the columns' Spark types: SQLite's driver guesses a
+        computed column's type from its first value and guesses wrong (decimal for text)."""
+        options = {"url": self.jdbc_url, "query": sql, "fetchsize": str(FETCH_SIZE), **self.props}
+        if types:
+            options["customSchema"] = _custom(types)
+        return self.spark.read.format("jdbc").options(**options).load()
 
     def _probe(self, table: str, sql: str, hint: str = "") -> tuple[Any, ...]:
         """Run a query of at most one row; translate a failure into what the user must do."""

@@ -108,22 +108,16 @@ class State:
             path = self.folder(table)
             if not path.exists():
                 return None
-            value = (
-                spark.read.parquet(str(path))
-                .where(F.col("service") == service)
-                .agg(agg(column))
-                .first()[0]
+            return _scalar(
+                spark.read.parquet(str(path)).where(F.col("service") == service).agg(agg(column))
             )
-            return None if value is None else int(value)
 
         old = self.marks.services.get(service, {})
-        unpublished = (
+        unpublished = _scalar(
             spark.read.parquet(str(self.folder("outbox")))
             .where((F.col("service") == service) & F.col("published_ms").isNull())
             .agg(F.min("id"))
-            .first()[0]
         )
-        unpublished = None if unpublished is None else int(unpublished)
         last_id = newest("outbox", "id")
         self.marks.services[service] = {
             "local_tx_ms": _max(old.get("local_tx_ms"), newest("local_tx", "created_ms")),
@@ -167,6 +161,12 @@ def log_rows(df: DataFrame) -> DataFrame:
     damaged = df.where(F.col("corrupt").isNotNull()).dropDuplicates(["position"])
     healed = valid.join(F.broadcast(damaged.select("position")), "position", "left_semi")
     return valid.unionByName(damaged.join(healed.select("position"), "position", "left_anti"))
+
+
+def _scalar(df: DataFrame) -> int | None:
+    row = df.first()
+    value = row[0] if row is not None else None
+    return None if value is None else int(value)
 
 
 def _max(a: int | None, b: int | None) -> int | None:

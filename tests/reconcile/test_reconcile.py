@@ -1,0 +1,214 @@
+"""The reconciliation on real data: a broker's log and service databases (PostgreSQL for
+orders, SQLite for billing) filled by the SDK, read by a real local Spark.
+
+A clean world reports nothing. A dirty world holds one injected case per anomaly reason and
+the report lists exactly those ids. An incremental run after more traffic equals a full run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import SQLAlchemyError
+
+from tests.conftest import IN_CI, BrokerProcess
+from tests.databases import PG_URL
+from tests.reconcile import worlds
+from tests.reconcile.conftest import run_async
+from tests.reconcile.worlds import Expected
+from tests.tx.conftest import tx_broker
+from txbroker_reconcile.checks import REASONS
+from txbroker_reconcile.options import JobOptions, ServiceSpec
+from txbroker_reconcile.run import _Progress, reconcile
+from txbroker_sdk.schema import upgrade
+from txbroker_sdk.testing import create_database, drop_database
+
+TWO_HOURS_MS = 2 * 3600 * 1000
+
+
+@dataclass
+class World:
+    broker: BrokerProcess
+    orders_url: str
+    billing_url: str
+    expected: Expected
+
+    def options(self, out: Path, **kw: Any) -> JobOptions:
+        services = (
+            ServiceSpec("orders", self.orders_url, worlds.NAMESPACE),
+            ServiceSpec("billing", self.billing_url, "billing", (("copies", "order_id"),)),
+        )
+        base = JobOptions(
+            services=services,
+            log=self.broker.data_dir,
+            out=out,
+            grace_s=0,
+            as_of_ms=int(time.time() * 1000) + TWO_HOURS_MS,
+            progress=False,
+            examples=50,
+        )
+        return replace(base, **kw)
+
+
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    try:
+        url = run_async(create_database(PG_URL, "txb_rec"))
+    except (OSError, SQLAlchemyError) as e:
+        if IN_CI:
+            raise
+        pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        run_async(drop_database(url))
+
+
+def _world(tmp: Path, orders_url: str, *, dirty: bool) -> World:
+    billing_url = f"sqlite:///{tmp / 'billing.db'}"
+    upgrade(billing_url)
+    broker = tx_broker(tmp / "broker").start()
+    expected = Expected()
+
+    async def fill() -> None:
+        async with worlds.services(broker.url, orders_url, billing_url) as s:
+            await worlds.clean_traffic(s)
+            if dirty:
+                await worlds.inject_lost(s, expected)
+                await worlds.inject_phantoms(s, expected)
+                await worlds.inject_parked(s, expected)
+                await worlds.inject_undecided(s, expected)
+            await worlds.consume_all(s)
+            if dirty:
+                await worlds.inject_effect_twice(s, expected)
+                await worlds.inject_unpublished(s, expected)
+                await worlds.inject_unprocessed(s, expected)
+
+    try:
+        run_async(fill())
+    except BaseException:
+        broker.stop()
+        raise
+    return World(broker, orders_url, billing_url, expected)
+
+
+@pytest.fixture(scope="module")
+def dirty(
+    spark: Any, pg_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[World, dict[str, Any], Path]]:
+    world = _world(tmp_path_factory.mktemp("dirty"), pg_database, dirty=True)
+    try:
+        out = tmp_path_factory.mktemp("dirty-out")
+        summary = reconcile(world.options(out), _Progress(None, False), spark)  # type: ignore[arg-type]
+        yield world, summary, out
+    finally:
+        world.broker.stop()
+
+
+def _listed(spark: Any, out: Path) -> dict[str, set[str]]:
+    rows = spark.read.parquet(str(out / "anomalies")).select("reason", "id").collect()
+    found: dict[str, set[str]] = {}
+    for r in rows:
+        found.setdefault(r["reason"], set()).add(r["id"])
+    return found
+
+
+@pytest.mark.parametrize("reason", list(REASONS))
+def test_each_injected_anomaly_is_listed_exactly(
+    spark: Any, dirty: tuple[World, dict[str, Any], Path], reason: str
+) -> None:
+    world, summary, out = dirty
+    assert _listed(spark, out).get(reason, set()) == world.expected.ids.get(reason, set())
+    counted = sum(r["count"] for r in summary["by_reason"] if r["reason"] == reason)
+    assert counted == len(world.expected.ids.get(reason, ()))
+
+
+def test_the_dirty_world_has_every_kind_and_is_not_clean(
+    dirty: tuple[World, dict[str, Any], Path],
+) -> None:
+    world, summary, _out = dirty
+    assert not summary["clean"]
+    for kind in ("lost", "phantom", "duplicate", "stuck"):
+        assert summary["anomalies"][kind] > 0, kind
+    assert sum(summary["anomalies"].values()) == sum(len(v) for v in world.expected.ids.values())
+
+
+def test_a_clean_world_reports_nothing(spark: Any, tmp_path: Path, pg_database: str) -> None:
+    # Its own PostgreSQL database would cost a minute of fixtures; the orders side uses SQLite.
+    orders_url = f"sqlite:///{tmp_path / 'orders.db'}"
+    upgrade(orders_url)
+    world = _world(tmp_path, orders_url, dirty=False)
+    try:
+        summary = reconcile(world.options(tmp_path / "out"), _Progress(None, False), spark)  # type: ignore[arg-type]
+    finally:
+        world.broker.stop()
+    assert summary["clean"], summary["by_reason"]
+    topics = {t["topic"]: t for t in summary["topics"]}
+    assert topics["orders"]["messages"] == 12 and topics["orders"]["transactional"] == 12
+    assert topics["audit"]["messages"] == 6 and topics["audit"]["outbox"] == 6
+    legs = {(r["topic"], r["leg"]) for r in summary["latency"]}
+    assert ("orders", "commit → processed") in legs and ("audit", "commit → store") in legs
+
+
+def _comparable(spark: Any, summary: dict[str, Any], out: Path) -> tuple[Any, ...]:
+    topics = [{k: v for k, v in t.items() if k != "latency"} for t in summary["topics"]]
+    rows = spark.read.parquet(str(out / "anomalies")).collect()
+    return summary["anomalies"], topics, sorted(tuple(r) for r in rows)
+
+
+def test_an_incremental_run_after_more_traffic_equals_a_full_run(
+    spark: Any, tmp_path: Path
+) -> None:
+    orders_url = f"sqlite:///{tmp_path / 'orders.db'}"
+    upgrade(orders_url)
+    world = _world(tmp_path, orders_url, dirty=False)
+    state = tmp_path / "state"
+    try:
+        as_of = int(time.time() * 1000) + TWO_HOURS_MS
+        opts = world.options(tmp_path / "inc", state=state, as_of_ms=as_of)
+        first = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        assert first["inputs"]["run"] == 1 and first["clean"]
+
+        async def more() -> None:
+            async with worlds.services(world.broker.url, orders_url, world.billing_url) as s:
+                await worlds.clean_traffic(s, orders=7, audits=3)
+                await worlds.inject_lost(s, world.expected)
+                await worlds.consume_all(s)
+
+        run_async(more())
+        second = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        full = reconcile(
+            world.options(tmp_path / "full", as_of_ms=as_of),
+            _Progress(None, False),
+            spark,  # type: ignore[arg-type]
+        )
+    finally:
+        world.broker.stop()
+    assert second["inputs"]["run"] == 2
+    # The second run read only the new records (the log) and rows (the tables, give or take
+    # the look-back overlap), yet its result is the full run's.
+    assert 0 < second["inputs"]["log"]["read_this_run"] < full["inputs"]["log"]["read_this_run"]
+    assert _comparable(spark, second, tmp_path / "inc") == _comparable(
+        spark, full, tmp_path / "full"
+    )
+    assert second["anomalies"]["lost"] == 1
+    topics = {t["topic"]: t["messages"] for t in second["topics"]}
+    assert topics == {"orders": 19, "audit": 9}
+
+
+def test_the_summary_and_report_files_are_written(
+    dirty: tuple[World, dict[str, Any], Path],
+) -> None:
+    out = dirty[2]
+    assert (out / "summary.json").is_file() and (out / "report.html").is_file()
+    for table in ("anomalies", "latencies", "topics"):
+        assert any((out / table).glob("*.parquet")), table
+    html = (out / "report.html").read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "<script" not in html  # nothing to fetch, nothing to run: it opens offline
