@@ -112,8 +112,16 @@ def find_segments(log_dir: str | os.PathLike[str]) -> list[Segment]:
             f"no commit-log segments in {str(folder)!r}: pass the broker's --data-dir, its "
             "store/commitlog/ folder, or a Parquet export from `txbroker log export`"
         )
-    last = len(names) - 1
-    return [Segment(str(folder / n), int(n), 0, newest=i == last) for i, n in enumerate(names)]
+    # The broker creates the next segment before it is needed, so the file it is writing is
+    # the last one holding data, not always the last file.
+    paths = [folder / n for n in names]
+    writing = next((i for i in reversed(range(len(paths))) if _has_data(paths[i])), 0)
+    return [Segment(str(p), int(p.name), 0, newest=i >= writing) for i, p in enumerate(paths)]
+
+
+def _has_data(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return any(f.read(SIZE_MAGIC.size))
 
 
 class _Rows:
