@@ -16,7 +16,7 @@ from txbroker.store import FlushMode, MessageStore, StoreConfig
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The service-database fixtures (sqlite_url, pg_url, engine) for every suite that needs them.
-pytest_plugins = ["tests.databases"]
+pytest_plugins = ["tests.databases", "tests.browser"]
 ROOT = Path(__file__).resolve().parents[1]
 
 

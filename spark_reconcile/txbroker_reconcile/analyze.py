@@ -148,6 +148,7 @@ def analyze(
                 "read_this_run": extracted.log_records,
             },
             "services": extracted.rows,
+            "dialects": extracted.dialects,
             "run": state.run,
         },
         "topics": topic_rows,

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Final
 
-__all__ = ["PALETTE", "bar_chart", "line_chart"]
+__all__ = ["PALETTE", "bar_chart", "hbar_chart", "line_chart"]
 
 PALETTE: Final = ("#2f6fdf", "#e07b22", "#2a9d5b", "#c0392b", "#8e44ad", "#16a085", "#7f8c8d")
 _W: Final = 640
@@ -19,8 +19,8 @@ _PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 16, 16, 48
 
 
 def _nice_max(v: float) -> float:
-    if v <= 0:
-        return 1.0
+    if v <= 4:
+        return 4.0  # small counts: ticks at whole numbers
     step = 10 ** (len(str(int(v))) - 1)
     return float(-(-v // step) * step) if v >= 1 else 1.0
 
@@ -121,12 +121,37 @@ def line_chart(
     ticks = min(6, len(xs))
     for n in range(ticks):
         idx = round(n * (len(xs) - 1) / max(1, ticks - 1))
+        anchor = "start" if n == 0 else "end" if n == ticks - 1 else "middle"
         parts.append(
-            f'<text x="{px(xs[idx]):.1f}" y="{_H - _PAD_B + 14}" text-anchor="middle" '
+            f'<text x="{px(xs[idx]):.1f}" y="{_H - _PAD_B + 14}" text-anchor="{anchor}" '
             f'class="tick">{escape(x_labels[idx])}</text>'
         )
     parts.append(_legend(list(series)))
     return _svg(title, parts)
+
+
+def hbar_chart(rows: Sequence[tuple[str, float]], *, title: str) -> str:
+    """Horizontal bars, one per labelled row: for long labels (anomaly reasons)."""
+    label_w, bar_w, row_h = 250, _W - 250 - 70, 22
+    height = row_h * len(rows) + 8
+    vmax = max((v for _, v in rows), default=0) or 1
+    parts = []
+    for n, (label, value) in enumerate(rows):
+        y = 4 + n * row_h
+        w = max(1.0, bar_w * value / vmax)
+        parts.append(
+            f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end" class="label">'
+            f"{escape(label)}</text>"
+            f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
+            f'fill="{PALETTE[3]}"><title>{escape(label)}: {value:,.0f}</title></rect>'
+            f'<text x="{label_w + w + 6:.1f}" y="{y + 15}" class="label">{value:,.0f}</text>'
+        )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {height}" role="img" '
+        f'class="chart" aria-label="{escape(title)}"><title>{escape(title)}</title>'
+        + "".join(parts)
+        + "</svg>"
+    )
 
 
 def _svg(title: str, parts: list[str]) -> str:

@@ -34,6 +34,7 @@ class Extracted:
     log_records: int = 0
     log_segments: int = 0
     rows: dict[str, dict[str, int]] = field(default_factory=dict)  # service -> table -> rows
+    dialects: dict[str, str] = field(default_factory=dict)  # service -> postgresql | sqlite
 
 
 def _is_export(path: Path) -> bool:
@@ -87,6 +88,7 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
     for db in dbs:
         name = db.spec.name
         out.rows[name] = {t: counts.get(t, {}).get(name, 0) for t in parts}
+        out.dialects[name] = db.dialect
         state.advance_service(spark, name)
         say(
             f"read service {name}: "

@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Final
 
-from txbroker_reconcile.charts import bar_chart, line_chart
+from txbroker_reconcile.charts import bar_chart, hbar_chart, line_chart
 from txbroker_reconcile.checks import KINDS, REASONS
 from txbroker_reconcile.latency import HISTOGRAM_EDGES_MS, LEGS
 
@@ -47,6 +47,7 @@ padding:12px 16px}
 svg.chart{width:100%;height:auto;background:#fff}
 svg .tick{font-size:10px;fill:#566074}
 svg .axis{font-size:10px;fill:#566074}
+svg .label{font-size:12px;fill:#1d2433}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f6;padding:1px 4px;
 border-radius:3px}
 .muted{color:#7a8496}
@@ -88,6 +89,16 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     if not rows:
         body = f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>'
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _clock_note(summary: dict[str, Any]) -> str:
+    sqlite = [n for n, d in summary["inputs"].get("dialects", {}).items() if d == "sqlite"]
+    if not sqlite:
+        return ""
+    return (
+        f" SQLite keeps whole seconds ({escape(', '.join(sorted(sqlite)))}): legs that start or "
+        "end there are good to about a second, and can read below zero."
+    )
 
 
 def _short(ms: int) -> str:
@@ -177,9 +188,7 @@ def render(summary: dict[str, Any]) -> str:
     found = [r for r in REASONS if counts[r]]
     anomaly_chart = ""
     if found:
-        chart = bar_chart(
-            found, {"count": [counts[r] for r in found]}, y_label="count", title="anomalies"
-        )
+        chart = hbar_chart([(f"{REASONS[r]}: {r}", counts[r]) for r in found], title="anomalies")
         anomaly_chart = f"<h3>Anomalies by reason</h3>{chart}"
     examples = [
         [
@@ -202,6 +211,8 @@ def render(summary: dict[str, Any]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>txbroker reconciliation · {escape(_time(summary["as_of_ms"]))}</title>
 <style>{_CSS}</style></head>
 <body>
@@ -215,7 +226,7 @@ run {summary["inputs"]["run"]}</p></header>
 <section><h2>Per topic</h2>
 {_table(_TOPIC_HEADERS, topic_rows, set(range(1, 12)))}
 <p class="muted">latency columns: local commit → consumer processed where a consumer's inbox
-was read, else local commit → broker store.</p></section>
+was read, else local commit → broker store.{_clock_note(summary)}</p></section>
 <section><h2>Charts</h2><div class="charts">
 {_latency_charts(summary)}
 <div>{_throughput_chart(summary)}</div>

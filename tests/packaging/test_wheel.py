@@ -20,6 +20,7 @@ PACKAGES = {
     "txbroker_checkback",
     "txbroker_outbox",
     "txbroker_migrations",
+    "txbroker_reconcile",
 }
 
 

@@ -212,3 +212,26 @@ def test_the_summary_and_report_files_are_written(
     html = (out / "report.html").read_text()
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "<script" not in html  # nothing to fetch, nothing to run: it opens offline
+
+
+def test_the_report_renders_its_charts_offline_in_chromium(
+    browser: Any, dirty: tuple[World, dict[str, Any], Path]
+) -> None:
+    _world, summary, out = dirty
+    browser.get((out / "report.html").as_uri())
+    charts = browser.find_elements("css selector", "svg.chart")
+    # a latency chart per topic, the throughput and the anomalies
+    assert len(charts) == len({h["topic"] for h in summary["histograms"]}) + 2
+    for chart in charts:
+        assert chart.size["width"] > 300 and chart.size["height"] > 100
+        assert chart.find_elements("css selector", "rect, polyline")
+    fetched = browser.execute_script("return performance.getEntriesByType('resource').length")
+    assert fetched == 0  # nothing loaded from anywhere: the file is the whole report
+    verdict = browser.find_element("css selector", ".verdict").text
+    assert verdict.startswith("Anomalies found") and "lost" in verdict
+    examples = browser.find_elements("css selector", "section code")
+    ids = {e.text for e in examples}
+    assert ids >= set().union(
+        *(v for k, v in _world.expected.ids.items() if k != "effect applied twice")
+    )
+    browser.save_screenshot(str(out / "report.png"))
