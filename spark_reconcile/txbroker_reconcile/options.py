@@ -15,7 +15,16 @@ from typing import Final
 
 from txbroker_reconcile.errors import CannotRun
 
-__all__ = ["JobOptions", "ServiceSpec", "parse_args", "parse_duration", "parser"]
+__all__ = [
+    "DESCRIPTION",
+    "JobOptions",
+    "ServiceSpec",
+    "add_arguments",
+    "options_from",
+    "parse_args",
+    "parse_duration",
+    "parser",
+]
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,126}")
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
@@ -71,15 +80,21 @@ def _pairs(values: Sequence[str] | None, option: str) -> list[tuple[str, str]]:
     return out
 
 
+DESCRIPTION: Final = (
+    "Reconcile services' local-transaction, outbox and inbox tables against the broker's "
+    "commit log with Spark: lost, phantom, duplicate and stuck messages and latency per topic. "
+    "Exit 0 = clean, 1 = anomalies found, 2 = could not run."
+)
+
+
 def parser(prog: str = "txbroker reconcile") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=(
-            "Reconcile services' local-transaction, outbox and inbox tables against the "
-            "broker's commit log with Spark: lost, phantom, duplicate and stuck messages and "
-            "latency per topic. Exit 0 = clean, 1 = anomalies found, 2 = could not run."
-        ),
-    )
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's options, on ``p`` (the job's own parser, or `txbroker reconcile`'s)."""
     p.add_argument(
         "--service",
         action="append",
@@ -149,11 +164,15 @@ def parser(prog: str = "txbroker reconcile") -> argparse.ArgumentParser:
         help="spark.sql.shuffle.partitions (default: 4 per core, at least 4)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-    return p
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "txbroker reconcile") -> JobOptions:
-    args = parser(prog).parse_args(argv)
+    return options_from(parser(prog).parse_args(argv))
+
+
+def options_from(args: argparse.Namespace) -> JobOptions:
+    """Check the parsed options and build the job's; raise :class:`CannotRun` saying what is
+    wrong."""
     namespaces = dict(_pairs(args.namespace, "--namespace"))
     effects: dict[str, list[tuple[str, str]]] = {}
     for service, column in _pairs(args.effect, "--effect"):

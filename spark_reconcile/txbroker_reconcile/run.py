@@ -20,7 +20,7 @@ from rich.console import Console
 from txbroker_reconcile.errors import CannotRun
 from txbroker_reconcile.options import JobOptions, parse_args
 
-__all__ = ["EXIT_ANOMALIES", "EXIT_CANNOT_RUN", "EXIT_CLEAN", "main", "reconcile"]
+__all__ = ["EXIT_ANOMALIES", "EXIT_CANNOT_RUN", "EXIT_CLEAN", "main", "reconcile", "run_job"]
 
 EXIT_CLEAN, EXIT_ANOMALIES, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -104,12 +104,21 @@ def reconcile(opts: JobOptions, progress: _Progress, spark: Any = None) -> dict[
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "txbroker reconcile") -> int:
-    err = Console(stderr=True)
     try:
         opts = parse_args(argv, prog)
     except CannotRun as e:
-        err.print(f"[red]cannot run:[/] {e}")
+        Console(stderr=True).print(f"[red]cannot run:[/] {e}")
         return EXIT_CANNOT_RUN
+    return run_job(opts)
+
+
+def run_job(opts: JobOptions) -> int:
+    """Run (and with ``every_s``, keep running) the job; print the summary; return the exit
+    code."""
+    from txbroker_reconcile.report import REPORT_FILE
+    from txbroker_reconcile.summary import print_summary
+
+    err = Console(stderr=True)
     progress = _Progress(err, opts.progress and not opts.json)
     out = Console()
     stop = threading.Event()
@@ -123,19 +132,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "txbroker reconcile") ->
         except CannotRun as e:
             err.print(f"[red]cannot run:[/] {e}")
             return EXIT_CANNOT_RUN
-        from txbroker_reconcile.report import REPORT_FILE
-        from txbroker_reconcile.summary import print_summary
-
         if opts.json:
-            print(
-                json.dumps(
-                    {
-                        k: summary[k]
-                        for k in ("clean", "anomalies", "by_reason", "topics", "inputs")
-                    },
-                    default=str,
-                )
-            )
+            keys = ("clean", "anomalies", "by_reason", "topics", "inputs")
+            print(json.dumps({k: summary[k] for k in keys}, default=str), flush=True)
         else:
             print_summary(summary, opts.out / REPORT_FILE, out)
         code = EXIT_CLEAN if summary["clean"] else EXIT_ANOMALIES

@@ -18,7 +18,18 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from txbroker.cli import bench, db, dlq, groups, messages, outbox, serve, topics, tx
+    from txbroker.cli import (
+        bench,
+        db,
+        dlq,
+        groups,
+        messages,
+        outbox,
+        reconcile,
+        serve,
+        topics,
+        tx,
+    )
 
     p = argparse.ArgumentParser(
         prog="txbroker",
@@ -27,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The order of `txbroker --help`: running the broker, using it, a service's side, figures.
-    for group in (serve, topics, messages, tx, groups, dlq, db, outbox, bench):
+    for group in (serve, topics, messages, tx, groups, dlq, db, outbox, reconcile, bench):
         group.register(sub)
     return p
 
