@@ -11,7 +11,9 @@ the worst moment (see ``sdk/faults.py``), with the supervisor restarting the vic
 * the outbox relay dies between a send and marking the row (the resend is deduplicated);
 * billing's handler fails after its insert on a few percent of messages (rolled back, retried).
 
-Exit status 0 only if the anomaly count is 0.
+Then it proves the same with the Spark reconciliation (``txbroker reconcile``) over the
+services' tables and the broker's log, an independent check: the two must agree. Exit status 0
+only if both find no anomaly.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class DemoOptions:
     settle_timeout_s: float = 180.0
     work_dir: Path | None = None
     keep: bool = False
+    reconcile: bool = True
+    report_dir: Path | None = None
 
 
 def say(text: str) -> None:
@@ -126,7 +130,7 @@ async def _run(
     opts: DemoOptions, work: Path, dbs: dict[str, str], sup: Supervisor, stats_dir: Path
 ) -> int:
     say("txbroker demo: orders -> (transactional message) -> billing, (outbox) -> inventory")
-    say(f"[1/5] broker on embedded storage in {work / 'broker'}")
+    say(f"[1/6] broker on embedded storage in {work / 'broker'}")
     (work / "broker.toml").write_text(BROKER_SETTINGS)
     broker = await sup.start(
         Process(
@@ -156,13 +160,13 @@ async def _run(
         await client.create_topic("inventory", queues=4)
 
     where = "SQLite files" if opts.database_url is None else "PostgreSQL"
-    say(f"[2/5] service databases ({where}), migrated with `txbroker db upgrade`")
+    say(f"[2/6] service databases ({where}), migrated with `txbroker db upgrade`")
     for url in dict.fromkeys(dbs.values()):
         await asyncio.to_thread(upgrade, url)
 
     kills = opts.kills if opts.faults else 0
     port = _free_port()
-    say(f"[3/5] services: orders (HTTP :{port}), billing, inventory, outbox relay")
+    say(f"[3/6] services: orders (HTTP :{port}), billing, inventory, outbox relay")
     stats = ["--stats", str(stats_dir)]
     orders = await sup.start(
         Process(
@@ -233,7 +237,7 @@ async def _run(
         return "crashes: " + " ".join(f"{p.name} {p.kills}" for p in victims)
 
     say(
-        f"[4/5] placing {opts.orders:,} orders, {opts.concurrency} at a time"
+        f"[4/6] placing {opts.orders:,} orders, {opts.concurrency} at a time"
         + (", with crashes injected" if opts.faults else "")
     )
     drive_task = asyncio.create_task(
@@ -251,7 +255,7 @@ async def _run(
         f"({len(driven.placed) / driven.elapsed_s:.0f} orders/s), {status()}"
     )
 
-    say("[5/5] waiting for every message to be applied ...")
+    say("[5/6] waiting for every message to be applied ...")
     engines = {name: create_engine(url) for name, url in dbs.items()}
     try:
         snap = await _settle(opts, engines, http_base, sup)
@@ -264,7 +268,38 @@ async def _run(
     )
     say("\n" + table)
     say("\nall guarantees held" if anomalies == 0 else f"\n{anomalies} ANOMALIES: see above")
+    if not opts.reconcile:
+        return 0 if anomalies == 0 else 1
+    spark_rc = await _reconcile(opts, work, dbs)
+    if (spark_rc == 0) != (anomalies == 0) or spark_rc not in (0, 1):
+        say(
+            "\nthe Spark reconciliation and the demo's own checker disagree"
+            if spark_rc in (0, 1)
+            else "\nthe Spark reconciliation could not run (see above)"
+        )
+        return 1
     return 0 if anomalies == 0 else 1
+
+
+async def _reconcile(opts: DemoOptions, work: Path, dbs: dict[str, str]) -> int:
+    """The Spark job over the services' databases and the broker's log: the independent
+    proof (``txbroker reconcile``). Its report outlives a temporary work directory."""
+    out = opts.report_dir or (
+        work / "reconcile"
+        if opts.work_dir
+        else Path(tempfile.gettempdir()) / "txbroker-demo-report"
+    )
+    if len(set(dbs.values())) == 1:  # one PostgreSQL database holds every service's tables
+        services = ["--service", f"shop={dbs['orders']}", "--namespace", "shop=orders"]
+    else:
+        services = [arg for name, url in dbs.items() for arg in ("--service", f"{name}={url}")]
+    say("\n[6/6] Spark reconciliation of the services' tables against the broker's log")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "txbroker.cli", "reconcile", *services,
+        "--log", str(work / "broker"), "--out", str(out), "--grace", "0s",
+        "--master", "local[2]",
+    )  # fmt: skip
+    return await proc.wait()
 
 
 async def _settle(
@@ -340,6 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--settle-timeout", type=float, default=180.0, help="seconds")
     demo.add_argument("--work-dir", help="keep the broker data, databases and logs here")
     demo.add_argument("--keep", action="store_true", help="keep the work directory/database")
+    demo.add_argument(
+        "--no-reconcile", action="store_true", help="skip the Spark reconciliation at the end"
+    )
+    demo.add_argument(
+        "--report-dir",
+        help="where the reconciliation report goes (default: <work dir>/reconcile, or "
+        "$TMPDIR/txbroker-demo-report)",
+    )
     args = demo.parse_args(argv)
     opts = DemoOptions(
         orders=args.orders,
@@ -350,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         settle_timeout_s=args.settle_timeout,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         keep=args.keep,
+        reconcile=not args.no_reconcile,
+        report_dir=Path(args.report_dir) if args.report_dir else None,
     )
     return asyncio.run(run_demo(opts))
 

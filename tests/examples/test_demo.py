@@ -42,6 +42,8 @@ def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     assert placed > 100
     assert _row(out, "payments applied") == placed
     assert _row(out, "reservations applied") == placed
+    # The Spark reconciliation agrees: its summary ends the demo.
+    assert "clean: every committed transaction has exactly one message" in " ".join(out.split())
     # The crashes really happened (the orders service dies only after its DB commit).
     assert _row(out, "billing killed by an injected crash") == 1
     assert _row(out, "relay killed by an injected crash") == 1
@@ -53,6 +55,7 @@ def test_demo_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     )
     assert _row(out, "anomalies") == 0
     assert _row(out, "payments applied") == _row(out, "orders placed (client got 201/409)")
+    assert "clean: every committed transaction has exactly one message" in " ".join(out.split())
 
 
 def test_report_counts_every_kind_of_anomaly() -> None:
