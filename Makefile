@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint imports typecheck pytest clean
+.PHONY: demo test lint imports typecheck pytest clean system
+
+# Debian packages the project uses beside its Python ones: the JDBC drivers Spark reads the
+# services' tables with, Java for Spark, and Chromium for the tests that look at pages.
+DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,10 +17,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: system $(STAMP)
 	$(BIN)/python -m examples.demo
 
-test: $(STAMP) lint imports typecheck pytest
+test: system $(STAMP) lint imports typecheck pytest
+
+# Installs what is missing (as root, or through sudo); says how when it cannot.
+system:
+	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		($$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			$$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+		|| echo "could not install them: run apt-get install" $$missing; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
