@@ -17,7 +17,7 @@ from pyspark.sql.window import Window
 
 from txbroker_reconcile.checks import KINDS, REASONS, anomalies
 from txbroker_reconcile.extract import Extracted, read_effects
-from txbroker_reconcile.inputs import Inputs
+from txbroker_reconcile.inputs import Inputs, is_user_topic
 from txbroker_reconcile.latency import histograms, latencies, legs, throughput
 from txbroker_reconcile.options import JobOptions
 from txbroker_reconcile.state import State, latest, log_rows
@@ -42,14 +42,23 @@ def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
         if df is None:
             schema = SPARK_SCHEMA if name == "log" else _EMPTY[name]
             return spark.createDataFrame([], schema)
-        return log_rows(df) if name == "log" else latest(df, keys)
+        if name == "log":
+            return log_rows(df)
+        # Rows of the local-transaction and inbox tables never change once written: any copy
+        # of a row read twice will do. Outbox rows do change (published later): the newest.
+        return latest(df, keys) if name == "outbox" else df.drop("run").dropDuplicates(keys)
 
+    log = kept("log", ["position"]).persist()
+    inbox = kept("inbox", ["service", "consumer_group", "message_id"]).persist()
+    visible = log.where(F.col("corrupt").isNull() & is_user_topic(F.col("topic")))
+    processed = inbox.join(visible.select("message_id", "topic", "store_ms"), "message_id")
     return Inputs(
-        log=kept("log", ["position"]).persist(),
+        log=log,
         local_tx=kept("local_tx", ["service", "tx_id"]).persist(),
         outbox=kept("outbox", ["service", "id"]).persist(),
-        inbox=kept("inbox", ["service", "consumer_group", "message_id"]).persist(),
+        inbox=inbox,
         effects=read_effects(spark, opts),
+        processed=processed.persist(),
     )
 
 
@@ -80,7 +89,7 @@ def analyze(
     )
     by_reason = _counts(found, "kind", "reason", "topic")
 
-    leg_rows = legs(i)
+    leg_rows = legs(i).persist()
     lat = latencies(leg_rows)
     lat.write.mode("overwrite").parquet(str(out / "latencies"))
     lat_rows = spark.read.parquet(str(out / "latencies")).collect()
@@ -88,10 +97,12 @@ def analyze(
     tp, slot_ms = throughput(i)
     tp_rows = tp.collect()
 
-    visible = i.visible
-    per_topic = _counts(visible, "topic")
-    tx_topic = _counts(visible.where(F.col("tx_id").isNotNull()), "topic")
-    ik_topic = _counts(visible.where(F.col("idempotency_key").startswith("outbox:")), "topic")
+    per_topic, tx_topic, ik_topic = {}, {}, {}
+    outbox_sent = F.col("idempotency_key").startswith("outbox:").cast("int")
+    for r in (
+        i.visible.groupBy("topic").agg(F.count("*"), F.count("tx_id"), F.sum(outbox_sent)).collect()
+    ):
+        per_topic[r[0]], tx_topic[r[0]], ik_topic[r[0]] = r[1], r[2], r[3] or 0
     corrupt = i.corrupt.orderBy("position").limit(max(opts.examples, 1)).collect()
     corrupt_count = i.corrupt.count()
     records = i.records.count()
@@ -162,6 +173,6 @@ def analyze(
         ],
         "seconds": round(time.time() - started, 3),
     }
-    for df in (i.log, i.local_tx, i.outbox, i.inbox):
+    for df in (i.log, i.local_tx, i.outbox, i.inbox, i.processed, leg_rows):
         df.unpersist()
     return summary

@@ -89,11 +89,8 @@ def subscriptions(i: Inputs) -> DataFrame:
     """(service, group, topic, since_ms): a group consumes a topic when its inbox holds a
     message of that topic; it is judged on messages stored from the first one it processed
     (a group created later may have started at the end of the queue)."""
-    return (
-        i.inbox.select("service", "consumer_group", "message_id")
-        .join(i.visible.select("message_id", "topic", "store_ms"), "message_id")
-        .groupBy("service", "consumer_group", "topic")
-        .agg(F.min("store_ms").alias("since_ms"))
+    return i.processed.groupBy("service", "consumer_group", "topic").agg(
+        F.min("store_ms").alias("since_ms")
     )
 
 

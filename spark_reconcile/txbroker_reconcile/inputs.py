@@ -34,6 +34,10 @@ class Inputs:
     outbox: DataFrame  # service, namespace, id, topic, created_ms, published_ms, attempts
     inbox: DataFrame  # service, consumer_group, message_id, processed_ms
     effects: DataFrame  # service, effect (table.column), value, copies
+    # inbox rows joined to their visible message: service, consumer_group, message_id,
+    # processed_ms, topic, store_ms. Groups' subscriptions, misses and latencies all start
+    # here, so it is computed (and kept) once.
+    processed: DataFrame
 
     @property
     def records(self) -> DataFrame:

@@ -56,9 +56,10 @@ def legs(i: Inputs) -> DataFrame:
     committed = vis.join(tx, "tx_id").unionByName(
         vis.join(ob, "idempotency_key"), allowMissingColumns=False
     )
-    inbox = i.inbox.select("consumer_group", "message_id", "processed_ms")
-    processed = vis.join(inbox, "message_id")
-    end_to_end = committed.join(inbox, "message_id")
+    processed = i.processed.select(
+        "topic", "consumer_group", "message_id", "processed_ms", "store_ms"
+    )
+    end_to_end = committed.select("message_id", "commit_ms").join(processed, "message_id")
     null_group = F.lit(None).cast("string")
     return reduce(
         DataFrame.unionByName,

@@ -40,7 +40,12 @@ def spark_session(
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):
         # Not under spark-submit (which starts the JVM first and hands Python its port): the
         # master is ours to set. Under spark-submit its --master stands.
-        builder = builder.master(master).config("spark.ui.enabled", "false")
+        builder = (
+            builder.master(master)
+            .config("spark.ui.enabled", "false")
+            # Local mode runs the executors inside the driver's JVM: its heap is theirs.
+            .config("spark.driver.memory", os.environ.get("TXBROKER_SPARK_MEMORY", "4g"))
+        )
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     spark = builder.getOrCreate()

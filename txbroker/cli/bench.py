@@ -1,4 +1,4 @@
-"""`txbroker bench store|produce|e2e|tx|service|disk|recovery`: benchmarks that print figures.
+"""`txbroker bench store|produce|e2e|tx|service|disk|recovery|reconcile`: figures, printed.
 
 Each prints a summary (medians over ``--runs``), or one JSON object with ``--json``. Progress
 goes to stderr: a bar on a terminal, a line per finished run in a log, nothing with --json.
@@ -133,6 +133,29 @@ def register(sub: Subparsers) -> None:
     br.add_argument("--json", action="store_true", help="print one JSON object")
     br.set_defaults(func=_recovery)
 
+    brc = bsub.add_parser(
+        "reconcile",
+        help="the Spark reconciliation's time on N transactions with injected anomalies",
+    )
+    brc.add_argument(
+        "--rows",
+        default="1000000",
+        help="local transactions (and messages, and inbox rows) per run; a comma-separated "
+        "list runs each size once, e.g. 1000000,3000000,10000000",
+    )
+    brc.add_argument(
+        "--anomalies", type=positive, default=25, help="injected cases of each kind (default 25)"
+    )
+    brc.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    brc.add_argument(
+        "--database-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL server; a throwaway database is created on it and dropped",
+    )
+    brc.add_argument("--data-dir", help="where the commit log is written (default: $TMPDIR)")
+    brc.add_argument("--json", action="store_true", help="print one JSON object per size")
+    brc.set_defaults(func=_reconcile)
+
 
 def _store(args: argparse.Namespace) -> int:
     from txbroker.bench.store_bench import bench_store, format_result, summarize
@@ -244,6 +267,37 @@ def _disk(args: argparse.Namespace) -> int:
         )
     print(json.dumps({str(k): v for k, v in res.items()}) if args.json else format_disk(res))
     return 0
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    from txbroker.bench.reconcile_bench import bench_reconcile, format_reconcile
+    from txbroker.cli.output import note
+
+    try:
+        sizes = [int(s.replace("_", "")) for s in args.rows.split(",")]
+    except ValueError:
+        raise InvalidArgument(f"--rows takes numbers, e.g. 1000000,3000000: {args.rows!r}") from (
+            None
+        )
+    if any(n <= args.anomalies * 4 for n in sizes):
+        raise InvalidArgument("--rows must be well above 4 x --anomalies")
+    results = []
+    for n in sizes:
+        with status(f"bench reconcile: {n:,} rows", enabled=not args.json):
+            res = bench_reconcile(
+                args.database_url,
+                n,
+                anomalies=args.anomalies,
+                master=args.master,
+                data_root=_root(args),
+                say=(lambda _s: None) if args.json else note,
+            )
+        results.append(res)
+        if args.json:
+            print(json.dumps(asdict(res)), flush=True)
+    if not args.json:
+        print(format_reconcile(results))
+    return 0 if all(r.exact for r in results) else 1
 
 
 def _recovery(args: argparse.Namespace) -> int:

@@ -1,0 +1,208 @@
+"""``txbroker bench reconcile``: how long the Spark reconciliation takes on N transactions.
+
+For each size N it builds a world the job cannot tell from production: N committed rows in a
+fresh PostgreSQL database's ``txb_local_tx`` and N rows in its ``txb_inbox`` (loaded with COPY,
+not row inserts), and N matching committed messages in a real commit log written by the
+store's own append path. Into that it injects ``anomalies`` of each of four kinds:
+
+    lost       local rows with no message
+    phantom    messages whose transaction the service never recorded
+    duplicate  transactions with a second message (both processed)
+    stuck      messages the consumer group never processed
+
+Then it times the job (``local[2]`` by default) and checks that it found exactly the injected
+ids and nothing else. Only aggregates and the injected examples reach the driver, so its
+memory does not grow with N.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from txbroker.store import FlushMode, Message, MessageStore, RecordFlag, StoreConfig
+
+__all__ = ["ReconcileBenchResult", "bench_reconcile", "format_reconcile"]
+
+TOPIC: Final = "orders"
+GROUP: Final = "billing"
+_CHUNK: Final = 100_000
+_BODY: Final = b'{"order": "0000000000", "amount": 100}'.ljust(64)
+_EXPECTED: Final = {
+    "committed, no message": "lost",
+    "no local transaction": "phantom",
+    "two messages for one transaction": "duplicate",
+    "not processed by the group": "stuck",
+}
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReconcileBenchResult:
+    rows: int
+    messages: int
+    load_s: float  # building the world (not part of the figure)
+    job_s: float  # the reconciliation, start to summary
+    rows_per_s: float  # (local rows + messages + inbox rows) / job_s
+    found: dict[str, int]  # reason -> count the job reported
+    exact: bool  # every injected id found, nothing else
+
+
+def _tx(i: int) -> str:
+    return f"{i:032x}"
+
+
+def _mid(i: int) -> str:
+    return f"m{i:031x}"
+
+
+async def _load_tables(url: str, n: int, k: int, say: Say) -> None:
+    import asyncpg
+
+    from txbroker_sdk.database import async_url
+
+    dsn = async_url(url).replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(dsn)
+    base = datetime.now(UTC) - timedelta(hours=3)
+    try:
+        # Committed local transactions 0..n-1, plus k lost ones (ids n..n+k-1) with no message.
+        def local() -> Iterator[tuple[Any, ...]]:
+            for i in range(n + k):
+                yield (_tx(i), "committed", TOPIC, None, base + timedelta(microseconds=i * 100))
+
+        # The group processed every message but the last k of 0..n-1 (stuck); the phantoms
+        # (message ids n+k..) and the duplicates' second copies (n+2k..) too.
+        def inbox() -> Iterator[tuple[Any, ...]]:
+            for i in range(n - k):
+                yield (GROUP, _mid(i), base + timedelta(microseconds=i * 100 + 50_000))
+            for j in range(2 * k):
+                yield (GROUP, _mid(n + k + j), base + timedelta(microseconds=j))
+
+        for table, rows, columns, total in (
+            ("txb_local_tx", local(), ["tx_id", "state", "topic", "key", "created_at"], n + k),
+            ("txb_inbox", inbox(), ["consumer_group", "message_id", "processed_at"], n + k),
+        ):
+            done = 0
+            while chunk := [r for _, r in zip(range(_CHUNK), rows, strict=False)]:
+                await conn.copy_records_to_table(table, records=chunk, columns=columns)
+                done += len(chunk)
+                say(f"COPY {table}: {done:,}/{total:,}")
+        await conn.execute("ANALYZE txb_local_tx; ANALYZE txb_inbox")
+    finally:
+        await conn.close()
+
+
+async def _write_log(data_dir: Path, n: int, k: int, say: Say) -> int:
+    """n committed messages (0..n-1), k phantoms (ids n+k.., no local row), k second copies
+    of the first k transactions; returns how many records."""
+    store = await MessageStore.open(
+        StoreConfig(data_dir, flush=FlushMode.ASYNC, retention_ms=None, segment_bytes=1 << 30)
+    )
+    flags = int(RecordFlag.TX_COMMITTED)
+
+    def msg(tx: int, mid: int) -> Message:
+        return Message(TOPIC, _BODY, mid % 4, {"id": _mid(mid), "tx": _tx(tx)}, flags)
+
+    written = 0
+    try:
+        for start in range(0, n, 1000):
+            end = min(n, start + 1000)
+            await store.append_batch([msg(i, i) for i in range(start, end)])
+            written = end
+            if written % 1_000_000 < 1000:
+                say(f"log: {written:,}/{n + 2 * k:,} records")
+        await store.append_batch([msg(n + k + j, n + k + j) for j in range(k)])  # phantoms
+        await store.append_batch([msg(j, n + 2 * k + j) for j in range(k)])  # second copies
+        written += 2 * k
+    finally:
+        await store.close()
+    return written
+
+
+def _expected_ids(n: int, k: int) -> dict[str, set[str]]:
+    return {
+        "committed, no message": {_tx(n + j) for j in range(k)},
+        "no local transaction": {_tx(n + k + j) for j in range(k)},
+        "two messages for one transaction": {_tx(j) for j in range(k)},
+        "not processed by the group": {_mid(n - k + j) for j in range(k)},
+    }
+
+
+async def _build(url: str, data_dir: Path, n: int, k: int, say: Say) -> int:
+    await _load_tables(url, n, k, say)
+    return await _write_log(data_dir, n, k, say)
+
+
+def bench_reconcile(
+    server_url: str,
+    rows: int,
+    *,
+    anomalies: int = 25,
+    master: str = "local[2]",
+    data_root: Path | None = None,
+    say: Say = lambda _s: None,
+) -> ReconcileBenchResult:
+    import asyncio
+
+    from txbroker_reconcile.jars import find_jars
+    from txbroker_reconcile.options import JobOptions, ServiceSpec
+    from txbroker_reconcile.run import _Progress, reconcile
+    from txbroker_reconcile.session import spark_session
+    from txbroker_sdk.schema import upgrade
+    from txbroker_sdk.testing import create_database, drop_database
+
+    k = anomalies
+    work = Path(tempfile.mkdtemp(prefix="txb-rbench-", dir=data_root))
+    url = asyncio.run(create_database(server_url, "txb_rbench"))
+    try:
+        upgrade(url)
+        t0 = time.perf_counter()
+        messages = asyncio.run(_build(url, work / "broker", rows, k, say))
+        load_s = time.perf_counter() - t0
+        spark = spark_session(master, find_jars(["postgresql"]))
+        opts = JobOptions(
+            services=(ServiceSpec("orders", url, "orders"),),
+            log=work / "broker",
+            out=work / "out",
+            grace_s=60,
+            as_of_ms=int(time.time() * 1000) + 3_600_000,
+            progress=False,
+            examples=k,
+            master=master,
+        )
+        say(f"reconciling {rows:,} rows and {messages:,} messages with Spark ({master})")
+        t1 = time.perf_counter()
+        summary = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        job_s = time.perf_counter() - t1
+        found = {r["reason"]: r["count"] for r in summary["by_reason"]}
+        listed: dict[str, set[str]] = {}
+        for e in summary["examples"]:
+            listed.setdefault(e["reason"], set()).add(e["id"])
+        exact = set(found) == set(_EXPECTED) and listed == _expected_ids(rows, k)
+        exact = exact and all(v == k for v in found.values())
+        total = (rows + k) + messages + (rows + k)
+        return ReconcileBenchResult(rows, messages, load_s, job_s, total / job_s, found, exact)
+    finally:
+        asyncio.run(drop_database(url))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def format_reconcile(results: list[ReconcileBenchResult]) -> str:
+    lines = [
+        f"{'rows':>12} {'messages':>12} {'job s':>8} {'rows/s':>12} {'s per 1M':>9}  found",
+    ]
+    for r in results:
+        per_m = r.job_s / (r.rows / 1e6)
+        verdict = "exactly the injected anomalies" if r.exact else f"MISMATCH {r.found}"
+        lines.append(
+            f"{r.rows:>12,} {r.messages:>12,} {r.job_s:>8.1f} {r.rows_per_s:>12,.0f} "
+            f"{per_m:>9.1f}  {verdict}"
+        )
+    return "\n".join(lines)
