@@ -1,5 +1,5 @@
 """The demo end to end (real broker, real service processes, real crashes), its report's
-arithmetic, and the README's quickstart, which must be the file that runs."""
+arithmetic, and the quickstart example, run against a real broker."""
 
 from __future__ import annotations
 
@@ -86,10 +86,7 @@ def test_report_counts_every_kind_of_anomaly() -> None:
     assert not snap.settled()
 
 
-def test_the_readme_quickstart_is_the_example_and_runs(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    code = (ROOT / "examples" / "quickstart.py").read_text()
-    assert f"```python\n{code}```" in readme, "README's quickstart differs from the example"
+def test_the_quickstart_runs(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "b", "--tx-secret", "shop=s3cret").start()
     try:
         res = subprocess.run(
