@@ -34,6 +34,22 @@ _EMPTY = {
 }
 
 
+_LOG_COLUMNS = (
+    "segment",
+    "position",
+    "topic",
+    "store_ms",
+    "message_id",
+    "idempotency_key",
+    "tx_id",
+    "tx_op",
+    "producer_group",
+    "target_topic",
+    "timeout_ms",
+    "corrupt",
+)
+
+
 def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
     from txbroker_reconcile.logsource import SPARK_SCHEMA
 
@@ -42,23 +58,46 @@ def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
         if df is None:
             schema = SPARK_SCHEMA if name == "log" else _EMPTY[name]
             return spark.createDataFrame([], schema)
+        if state.runs(name) == 1:
+            return df.drop("run")  # one read: nothing was read twice
         if name == "log":
             return log_rows(df)
         # Rows of the local-transaction and inbox tables never change once written: any copy
         # of a row read twice will do. Outbox rows do change (published later): the newest.
         return latest(df, keys) if name == "outbox" else df.drop("run").dropDuplicates(keys)
 
-    log = kept("log", ["position"]).persist()
+    # Only the columns a check reads are kept in memory (the rest stay in Parquet).
+    log = kept("log", ["position"]).select(*_LOG_COLUMNS).persist()
     inbox = kept("inbox", ["service", "consumer_group", "message_id"]).persist()
+    local_tx = kept("local_tx", ["service", "tx_id"]).persist()
     visible = log.where(F.col("corrupt").isNull() & is_user_topic(F.col("topic")))
     processed = inbox.join(visible.select("message_id", "topic", "store_ms"), "message_id")
+    parts = spark.conf.get("spark.sql.shuffle.partitions") or "8"
+    tx_messages = (
+        visible.where(F.col("tx_id").isNotNull())
+        .repartition(int(parts), "tx_id")
+        .groupBy("tx_id")
+        .agg(
+            F.count("*").alias("copies"),
+            F.min("topic").alias("topic"),
+            F.min("store_ms").alias("store_ms"),
+            F.min_by("message_id", "store_ms").alias("message_id"),
+        )
+    )
+    committed = (
+        local_tx.where(F.col("state") == "committed")
+        .select("service", "tx_id", "topic", "created_ms")
+        .repartition(int(parts), "tx_id")
+    )
     return Inputs(
         log=log,
-        local_tx=kept("local_tx", ["service", "tx_id"]).persist(),
+        local_tx=local_tx,
         outbox=kept("outbox", ["service", "id"]).persist(),
         inbox=inbox,
         effects=read_effects(spark, opts),
         processed=processed.persist(),
+        tx_messages=tx_messages.persist(),
+        committed_tx=committed.persist(),
     )
 
 
@@ -173,6 +212,7 @@ def analyze(
         ],
         "seconds": round(time.time() - started, 3),
     }
-    for df in (i.log, i.local_tx, i.outbox, i.inbox, i.processed, leg_rows):
+    kept = (i.log, i.local_tx, i.outbox, i.inbox, i.processed, i.tx_messages, i.committed_tx)
+    for df in (*kept, leg_rows):
         df.unpersist()
     return summary

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from txbroker.tx.state import HALF_TOPIC, OP_TOPIC
-from txbroker_reconcile.inputs import Inputs
+from txbroker_reconcile.inputs import Inputs, is_user_topic
 
 __all__ = ["ANOMALY_COLUMNS", "KINDS", "REASONS", "anomalies", "subscriptions"]
 
@@ -95,9 +95,8 @@ def subscriptions(i: Inputs) -> DataFrame:
 
 
 def lost(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
-    vis_tx = i.visible.select("tx_id").where(F.col("tx_id").isNotNull()).distinct()
     committed = i.committed.where(F.col("created_ms") < cutoff_ms)
-    lost_tx = committed.join(vis_tx, "tx_id", "left_anti")
+    lost_tx = committed.join(i.tx_messages, "tx_id", "left_anti")
     vis_keys = i.visible.select(F.col("idempotency_key").alias("key")).where(
         F.col("key").isNotNull()
     )
@@ -126,10 +125,8 @@ def lost(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
 
 
 def phantom(i: Inputs) -> list[DataFrame]:
-    vis_tx = i.visible.where(F.col("tx_id").isNotNull()).join(
-        F.broadcast(producer_topics(i)), "topic"
-    )
-    orphan = vis_tx.join(i.committed.select("tx_id"), "tx_id", "left_anti")
+    vis_tx = i.tx_messages.join(F.broadcast(producer_topics(i)), "topic")
+    orphan = vis_tx.join(i.committed, "tx_id", "left_anti")
     rolled = i.local_tx.where(F.col("state") == "rolled_back").select("tx_id", "service")
     found = orphan.join(rolled, "tx_id", "left")
     return [
@@ -152,25 +149,23 @@ def phantom(i: Inputs) -> list[DataFrame]:
 
 
 def duplicate(i: Inputs) -> list[DataFrame]:
-    def twice(key: str) -> DataFrame:
-        return (
-            i.visible.where(F.col(key).isNotNull())
-            .groupBy(key)
-            .agg(F.count("*").alias("copies"), F.min("topic").alias("topic"), F.min("store_ms"))
-            .where(F.col("copies") > 1)
-        )
-
+    keyed = (
+        i.visible.where(F.col("idempotency_key").isNotNull())
+        .groupBy("idempotency_key")
+        .agg(F.count("*").alias("copies"), F.min("topic").alias("topic"), F.min("store_ms"))
+        .where(F.col("copies") > 1)
+    )
     return [
         _rows(
-            twice("tx_id"),
+            i.tx_messages.where(F.col("copies") > 1),
             "two messages for one transaction",
             topic=F.col("topic"),
             id=F.col("tx_id"),
-            at_ms=F.col("min(store_ms)"),
+            at_ms=F.col("store_ms"),
             copies=F.col("copies"),
         ),
         _rows(
-            twice("idempotency_key"),
+            keyed,
             "two messages for one idempotency key",
             topic=F.col("topic"),
             id=F.col("idempotency_key"),
@@ -189,17 +184,14 @@ def duplicate(i: Inputs) -> list[DataFrame]:
 
 
 def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
-    # A commit is recorded by the committed copy itself (in its topic, or the schedule topic
-    # when delayed); a rollback by an op record.
-    resolved = i.records.where(
-        F.col("tx_id").isNotNull() & ~F.col("topic").isin(HALF_TOPIC, OP_TOPIC)
-    )
-    decided = (
-        i.ops.where(F.col("tx_op").isin("commit", "rollback"))
-        .select("tx_id")
-        .union(resolved.select("tx_id"))
-        .distinct()
-    )
+    # A commit is recorded by the committed copy itself (visible, or in the schedule topic
+    # while delayed); a rollback by an op record.
+    scheduled = i.records.where(
+        F.col("tx_id").isNotNull()
+        & ~is_user_topic(F.col("topic"))
+        & ~F.col("topic").isin(HALF_TOPIC, OP_TOPIC)
+    ).select("tx_id")
+    decided = i.ops.where(F.col("tx_op").isin("commit", "rollback")).select("tx_id")
     last_park = Window.partitionBy("tx_id").orderBy(F.col("position").desc())
     parked = (
         i.ops.where(F.col("tx_op").isin("park", "resume"))
@@ -208,7 +200,9 @@ def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
         .select("tx_id", F.lit(True).alias("parked"))
     )
     open_halves = (
-        i.halves.join(decided, "tx_id", "left_anti")
+        i.halves.join(i.tx_messages, "tx_id", "left_anti")
+        .join(decided, "tx_id", "left_anti")
+        .join(scheduled, "tx_id", "left_anti")
         .where(F.col("store_ms") + F.coalesce(F.col("timeout_ms"), F.lit(0)) < cutoff_ms)
         .join(parked, "tx_id", "left")
     )

@@ -38,6 +38,13 @@ class Inputs:
     # processed_ms, topic, store_ms. Groups' subscriptions, misses and latencies all start
     # here, so it is computed (and kept) once.
     processed: DataFrame
+    # visible transactional messages per transaction id: tx_id, copies, and the first one's
+    # topic, store_ms and message_id. Lost, phantom, duplicate and undecided all join on it;
+    # it is kept hash-partitioned by tx_id, as is ``committed_tx``, so those joins move no
+    # data.
+    tx_messages: DataFrame
+    # committed local transactions: service, tx_id, topic, created_ms, partitioned by tx_id
+    committed_tx: DataFrame
 
     @property
     def records(self) -> DataFrame:
@@ -68,7 +75,7 @@ class Inputs:
 
     @property
     def committed(self) -> DataFrame:
-        return self.local_tx.where(F.col("state") == "committed")
+        return self.committed_tx
 
     def outbox_key(self) -> Column:
         """The idempotency key the relay sends an outbox row with (txbroker_outbox.Relay)."""

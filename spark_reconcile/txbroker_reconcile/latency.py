@@ -48,13 +48,17 @@ _ACCURACY: Final = 10_000  # percentile_approx's relative error is 1/accuracy
 
 def legs(i: Inputs) -> DataFrame:
     """(topic, leg, group, ms): one row per measured leg of one message."""
-    vis = i.visible.select("topic", "tx_id", "idempotency_key", "message_id", "store_ms")
-    tx = i.committed.select("tx_id", F.col("created_ms").alias("commit_ms"))
+    # Transactional messages by transaction (the first copy when there are two: duplicates are
+    # reported as such), partitioned like the committed rows they join.
+    tx = i.tx_messages.select("tx_id", "topic", "message_id", "store_ms").join(
+        i.committed.select("tx_id", F.col("created_ms").alias("commit_ms")), "tx_id"
+    )
+    vis = i.visible.select("topic", "idempotency_key", "message_id", "store_ms")
     ob = i.outbox.select(
         i.outbox_key().alias("idempotency_key"), F.col("created_ms").alias("commit_ms")
     )
-    committed = vis.join(tx, "tx_id").unionByName(
-        vis.join(ob, "idempotency_key"), allowMissingColumns=False
+    committed = tx.drop("tx_id").unionByName(
+        vis.join(ob, "idempotency_key").drop("idempotency_key")
     )
     processed = i.processed.select(
         "topic", "consumer_group", "message_id", "processed_ms", "store_ms"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import msgspec
 import pyarrow as pa
 
 from txbroker.errors import CorruptLog
@@ -36,7 +37,6 @@ from txbroker.store.record import (
     PROP_TAGS,
     SIZE_MAGIC,
     check_record,
-    decode_properties,
 )
 from txbroker.tx.state import (
     PROP_BY,
@@ -124,6 +124,29 @@ def _has_data(path: Path) -> bool:
         return any(f.read(SIZE_MAGIC.size))
 
 
+class _Props(msgspec.Struct, frozen=True, gc=False):
+    """The properties the job reads, in LOG_SCHEMA's order, decoded straight from a record's
+    msgpack map (unknown properties skipped; numbers written as strings read as ints)."""
+
+    message_id: str | None = msgspec.field(default=None, name=PROP_MESSAGE_ID)
+    keys: str | None = msgspec.field(default=None, name=PROP_KEYS)
+    tags: str | None = msgspec.field(default=None, name=PROP_TAGS)
+    idempotency_key: str | None = msgspec.field(default=None, name=PROP_IDEMPOTENCY_KEY)
+    internal_key: str | None = msgspec.field(default=None, name=PROP_INTERNAL_KEY)
+    tx_id: str | None = msgspec.field(default=None, name=PROP_TX)
+    tx_op: str | None = msgspec.field(default=None, name=PROP_OP)
+    op_by: str | None = msgspec.field(default=None, name=PROP_BY)
+    producer_group: str | None = msgspec.field(default=None, name=PROP_GROUP)
+    target_topic: str | None = msgspec.field(default=None, name=PROP_TARGET_TOPIC)
+    timeout_ms: int | None = msgspec.field(default=None, name=PROP_TIMEOUT)
+    half_position: int | None = msgspec.field(default=None, name=PROP_HALF_PHYS)
+
+
+_props_decoder: Final = msgspec.msgpack.Decoder(_Props, strict=False)
+_NO_PROPS: Final = msgspec.structs.astuple(_Props())
+assert _Props.__struct_fields__ == tuple(LOG_SCHEMA.names[9:21])
+
+
 class _Rows:
     """Rows gathered as tuples and turned into columns once per batch (one tuple per record
     is cheaper than one list append per field)."""
@@ -176,6 +199,9 @@ class SegmentScan:
         rows = out.rows
         base = self.seg.base
         unpack = HEADER.unpack_from
+        decode = _props_decoder.decode
+        astuple = msgspec.structs.astuple
+        topics: dict[bytes, str] = {}  # few topics, many records: decode each name once
         pos = self.seg.start
         while pos + SIZE_MAGIC.size <= size:
             total, magic = SIZE_MAGIC.unpack_from(mm, pos)
@@ -199,36 +225,27 @@ class SegmentScan:
                     unpack(mm, pos)
                 )
                 p = pos + HEADER.size
-                topic = mm[p : p + topic_len].decode()
+                raw = mm[p : p + topic_len]
+                topic = topics.get(raw)
+                if topic is None:
+                    topic = topics[raw] = raw.decode()
                 p += topic_len
-                props = decode_properties(mm[p : p + props_len]) if props_len else {}
-                get = props.get
-                timeout = get(PROP_TIMEOUT)
-                half = get(PROP_HALF_PHYS)
-                rows.append((
-                    base + pos,
-                    total,
-                    flags,
-                    topic,
-                    qid,
-                    qoff,
-                    born,
-                    store,
-                    get(PROP_MESSAGE_ID),
-                    get(PROP_KEYS),
-                    get(PROP_TAGS),
-                    get(PROP_IDEMPOTENCY_KEY),
-                    get(PROP_INTERNAL_KEY),
-                    get(PROP_TX),
-                    get(PROP_OP),
-                    get(PROP_BY),
-                    get(PROP_GROUP),
-                    get(PROP_TARGET_TOPIC),
-                    int(timeout) if timeout and timeout.isdigit() else None,
-                    int(half) if half and half.isdigit() else None,
-                    body_len,
-                    None,
-                ))  # fmt: skip
+                props = astuple(decode(mm[p : p + props_len])) if props_len else _NO_PROPS
+                rows.append(
+                    (
+                        base + pos,
+                        total,
+                        flags,
+                        topic,
+                        qid,
+                        qoff,
+                        born,
+                        store,
+                        *props,
+                        body_len,
+                        None,
+                    )
+                )
                 self.records += 1
                 pos = self.end = pos + total
             if len(rows) >= self.batch_rows:

@@ -36,6 +36,11 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, 4 * cores)))
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Only the joins the job marks (small tables: topics, subscriptions) are broadcast.
+        # Left to itself Spark once chose to broadcast a multi-million-row side and ran the
+        # driver out of memory.
+        .config("spark.sql.autoBroadcastJoinThreshold", "-1")
+        .config("spark.sql.adaptive.autoBroadcastJoinThreshold", "-1")
     )
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):
         # Not under spark-submit (which starts the JVM first and hands Python its port): the

@@ -143,6 +143,11 @@ class State:
             return None
         return spark.read.parquet(str(path))
 
+    def runs(self, name: str) -> int:
+        """How many runs' folders ``name`` holds."""
+        path = self.dir / name
+        return sum(1 for _ in path.glob("run=*")) if path.exists() else 0
+
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -49,7 +49,7 @@ class ReconcileBenchResult:
     rows: int
     messages: int
     load_s: float  # building the world (not part of the figure)
-    job_s: float  # the reconciliation, start to summary
+    job_s: float  # the reconciliation, from starting Spark to the summary
     rows_per_s: float  # (local rows + messages + inbox rows) / job_s
     found: dict[str, int]  # reason -> count the job reported
     exact: bool  # every injected id found, nothing else
@@ -93,7 +93,8 @@ async def _load_tables(url: str, n: int, k: int, say: Say) -> None:
             while chunk := [r for _, r in zip(range(_CHUNK), rows, strict=False)]:
                 await conn.copy_records_to_table(table, records=chunk, columns=columns)
                 done += len(chunk)
-                say(f"COPY {table}: {done:,}/{total:,}")
+                if done % 1_000_000 < _CHUNK or done == total:
+                    say(f"COPY {table}: {done:,}/{total:,}")
         await conn.execute("ANALYZE txb_local_tx; ANALYZE txb_inbox")
     finally:
         await conn.close()
@@ -102,9 +103,9 @@ async def _load_tables(url: str, n: int, k: int, say: Say) -> None:
 async def _write_log(data_dir: Path, n: int, k: int, say: Say) -> int:
     """n committed messages (0..n-1), k phantoms (ids n+k.., no local row), k second copies
     of the first k transactions; returns how many records."""
-    store = await MessageStore.open(
-        StoreConfig(data_dir, flush=FlushMode.ASYNC, retention_ms=None, segment_bytes=1 << 30)
-    )
+    # The broker's default segment size: the job reads one segment per task, so this is also
+    # how the work spreads over the cores.
+    store = await MessageStore.open(StoreConfig(data_dir, flush=FlushMode.ASYNC, retention_ms=None))
     flags = int(RecordFlag.TX_COMMITTED)
 
     def msg(tx: int, mid: int) -> Message:
@@ -166,7 +167,6 @@ def bench_reconcile(
         t0 = time.perf_counter()
         messages = asyncio.run(_build(url, work / "broker", rows, k, say))
         load_s = time.perf_counter() - t0
-        spark = spark_session(master, find_jars(["postgresql"]))
         opts = JobOptions(
             services=(ServiceSpec("orders", url, "orders"),),
             log=work / "broker",
@@ -179,7 +179,11 @@ def bench_reconcile(
         )
         say(f"reconciling {rows:,} rows and {messages:,} messages with Spark ({master})")
         t1 = time.perf_counter()
-        summary = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        spark = spark_session(master, find_jars(["postgresql"]))
+        try:
+            summary = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        finally:
+            spark.stop()  # each size pays the session's start, as a run of the job does
         job_s = time.perf_counter() - t1
         found = {r["reason"]: r["count"] for r in summary["by_reason"]}
         listed: dict[str, set[str]] = {}
