@@ -44,6 +44,11 @@ def _is_export(path: Path) -> bool:
 def _read_log(spark: SparkSession, path: Path, state: State) -> tuple[DataFrame, int]:
     if _is_export(path):
         df = spark.read.schema(SPARK_SCHEMA).parquet(str(path))
+        # The export is read whole each time: keep only what lies past the marks, as the
+        # segment reader does, so an incremental run does not count a record twice.
+        for segment, start in state.log_start().items():
+            seen = (F.col("segment") == segment) & (F.col("position") < int(segment) + start)
+            df = df.where(~seen)
         return df, len(list(path.glob("*.parquet")))
     segments = find_segments(path)
     df = spark.read.format(FORMAT).option("start", json.dumps(state.log_start())).load(str(path))
@@ -57,8 +62,7 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
         say(f"reading the commit log in {opts.log}")
         log, out.log_segments = _read_log(spark, opts.log, state)
         out.log_records = state.append("log", log.withColumn("run", run))
-        if not _is_export(opts.log):
-            state.advance_log(spark)
+        state.advance_log(spark)
         say(f"read {out.log_records:,} log records from {out.log_segments} segment file(s)")
     dbs = [ServiceDb(spark, s) for s in opts.services]
     parts: dict[str, list[DataFrame]] = {"local_tx": [], "outbox": [], "inbox": []}

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from txbroker_reconcile.logsource import LogDataSource
 
 __all__ = ["spark_session"]
+
+_LOG4J = (Path(__file__).parent / "log4j2.properties").as_uri()
 
 
 def spark_session(
@@ -28,10 +31,11 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
+    java = f"-Duser.timezone=UTC -Dlog4j2.configurationFile={_LOG4J}"
     builder = (
         SparkSession.builder.appName("txbroker-reconcile")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.driver.extraJavaOptions", java)
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, 4 * cores)))
         .config("spark.ui.showConsoleProgress", "false")

@@ -73,9 +73,12 @@ class Watermark:
 class ServiceDb:
     """One service's database as Spark sees it."""
 
-    def __init__(self, spark: SparkSession, spec: ServiceSpec) -> None:
+    def __init__(
+        self, spark: SparkSession, spec: ServiceSpec, rows_per_partition: int = ROWS_PER_PARTITION
+    ) -> None:
         self.spark = spark
         self.spec = spec
+        self.rows_per_partition = rows_per_partition
         url = _url(spec)
         self.dialect = self.dialect_of(spec)
         self.shown = url.render_as_string(hide_password=True)
@@ -145,7 +148,7 @@ class ServiceDb:
         lo, hi, rows = self._probe(
             table, f"SELECT MIN({part}) AS lo, MAX({part}) AS hi, COUNT(*) AS n FROM {table}{where}"
         )
-        parts = min(MAX_PARTITIONS, max(1, -(-rows // ROWS_PER_PARTITION)))
+        parts = min(MAX_PARTITIONS, max(1, -(-rows // self.rows_per_partition)))
         sql = f"SELECT {columns}, {part} AS _part FROM {table}{where}"
         if parts == 1 or lo is None:
             return self._jdbc(sql, types).drop("_part")
