@@ -1,0 +1,40 @@
+"""The job under spark-submit, as docs/reconciliation.md documents it: spark-submit owns the
+master and the jars, the job its arguments and exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+from txbroker_reconcile.jars import find_jars
+from txbroker_sdk.schema import upgrade
+
+
+def test_spark_submit_runs_the_job(spark: Any, tmp_path: Path) -> None:
+    log = tmp_path / "broker" / "store" / "commitlog"
+    log.mkdir(parents=True)
+    (log / f"{0:020d}").write_bytes(bytes(4096))
+    db = f"sqlite:///{tmp_path / 'svc.db'}"
+    upgrade(db)
+    submit = Path(sys.executable).parent / "spark-submit"
+    res = subprocess.run(
+        [
+            str(submit), "--master", "local[1]", "--driver-memory", "1g",
+            "--jars", ",".join(find_jars(["sqlite"])),
+            str(ROOT / "spark_reconcile" / "job.py"),
+            "--service", f"svc={db}", "--log", str(tmp_path / "broker"),
+            "--out", str(tmp_path / "out"), "--json",
+        ],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["clean"] and summary["inputs"]["services"] == {
+        "svc": {"local_tx": 0, "outbox": 0, "inbox": 0}
+    }
