@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import reduce
 from typing import Final
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
@@ -50,21 +50,35 @@ REASONS: Final = {
 ANOMALY_COLUMNS: Final = ("kind", "reason", "topic", "service", "group", "id", "at_ms", "copies")
 
 
-def _rows(df: DataFrame, reason: str, **cols: Column) -> DataFrame:
-    """Shape ``df`` into anomaly rows; columns not given are null."""
-    values = {
-        "kind": F.lit(REASONS[reason]),
-        "reason": F.lit(reason),
-        "topic": F.lit(None).cast("string"),
-        "service": F.lit(None).cast("string"),
-        "group": F.lit(None).cast("string"),
-        "id": F.lit(None).cast("string"),
-        "at_ms": F.lit(None).cast("long"),
-        "copies": F.lit(None).cast("long"),
-    }
-    for name, col in cols.items():
-        values[name] = col.cast("long") if name in ("at_ms", "copies") else col.cast("string")
-    return df.select(*(values[c].alias(c) for c in ANOMALY_COLUMNS))
+def _rows(df: DataFrame, reason: str, shape: dict[str, str]) -> DataFrame:
+    """Shape ``df`` into anomaly rows: ``shape`` maps anomaly columns to ``df``'s; the others
+    are null."""
+    values = {c: F.lit(None) for c in ANOMALY_COLUMNS}
+    values["kind"], values["reason"] = F.lit(REASONS[reason]), F.lit(reason)
+    for name, column in shape.items():
+        values[name] = F.col(column)
+    return df.select(
+        *(
+            values[c].cast("long" if c in ("at_ms", "copies") else "string").alias(c)
+            for c in ANOMALY_COLUMNS
+        )
+    )
+
+
+# How each check's rows become anomaly rows (anomaly column -> the check's column).
+_LOCAL = {"topic": "topic", "service": "service", "id": "tx_id", "at_ms": "created_ms"}
+_OUTBOX = {"topic": "topic", "service": "service", "id": "key", "at_ms": "created_ms"}
+_VISIBLE_TX = {"topic": "topic", "service": "service", "id": "tx_id", "at_ms": "store_ms"}
+_COPIES = {"topic": "topic", "at_ms": "store_ms", "copies": "copies"}
+_EFFECT = {"service": "service", "group": "effect", "id": "value", "copies": "copies"}
+_HALF = {"topic": "target_topic", "group": "producer_group", "id": "tx_id", "at_ms": "store_ms"}
+_MISSED = {
+    "topic": "topic",
+    "service": "service",
+    "group": "consumer_group",
+    "id": "message_id",
+    "at_ms": "store_ms",
+}
 
 
 def producer_topics(i: Inputs) -> DataFrame:
@@ -105,22 +119,8 @@ def lost(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
     ).withColumn("key", i.outbox_key())
     lost_outbox = published.join(vis_keys.distinct(), "key", "left_anti")
     return [
-        _rows(
-            lost_tx,
-            "committed, no message",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            id=F.col("tx_id"),
-            at_ms=F.col("created_ms"),
-        ),
-        _rows(
-            lost_outbox,
-            "outbox row published, no message",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            id=F.col("key"),
-            at_ms=F.col("created_ms"),
-        ),
+        _rows(lost_tx, "committed, no message", _LOCAL),
+        _rows(lost_outbox, "outbox row published, no message", _OUTBOX),
     ]
 
 
@@ -131,20 +131,9 @@ def phantom(i: Inputs) -> list[DataFrame]:
     found = orphan.join(rolled, "tx_id", "left")
     return [
         _rows(
-            found.where(F.col("service").isNotNull()),
-            "local transaction rolled back",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            id=F.col("tx_id"),
-            at_ms=F.col("store_ms"),
+            found.where(F.col("service").isNotNull()), "local transaction rolled back", _VISIBLE_TX
         ),
-        _rows(
-            found.where(F.col("service").isNull()),
-            "no local transaction",
-            topic=F.col("topic"),
-            id=F.col("tx_id"),
-            at_ms=F.col("store_ms"),
-        ),
+        _rows(found.where(F.col("service").isNull()), "no local transaction", _VISIBLE_TX),
     ]
 
 
@@ -152,34 +141,18 @@ def duplicate(i: Inputs) -> list[DataFrame]:
     keyed = (
         i.visible.where(F.col("idempotency_key").isNotNull())
         .groupBy("idempotency_key")
-        .agg(F.count("*").alias("copies"), F.min("topic").alias("topic"), F.min("store_ms"))
+        .agg(
+            F.count("*").alias("copies"),
+            F.min("topic").alias("topic"),
+            F.min("store_ms").alias("store_ms"),
+        )
         .where(F.col("copies") > 1)
     )
+    twice = "two messages for one transaction"
     return [
-        _rows(
-            i.tx_messages.where(F.col("copies") > 1),
-            "two messages for one transaction",
-            topic=F.col("topic"),
-            id=F.col("tx_id"),
-            at_ms=F.col("store_ms"),
-            copies=F.col("copies"),
-        ),
-        _rows(
-            keyed,
-            "two messages for one idempotency key",
-            topic=F.col("topic"),
-            id=F.col("idempotency_key"),
-            at_ms=F.col("min(store_ms)"),
-            copies=F.col("copies"),
-        ),
-        _rows(
-            i.effects,
-            "effect applied twice",
-            service=F.col("service"),
-            group=F.col("effect"),
-            id=F.col("value"),
-            copies=F.col("copies"),
-        ),
+        _rows(i.tx_messages.where(F.col("copies") > 1), twice, {**_COPIES, "id": "tx_id"}),
+        _rows(keyed, "two messages for one idempotency key", {**_COPIES, "id": "idempotency_key"}),
+        _rows(i.effects, "effect applied twice", _EFFECT),
     ]
 
 
@@ -229,48 +202,11 @@ def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
     ).distinct()
     missed = missed.join(dead, ["message_id", "consumer_group"], "left")
     return [
-        _rows(
-            open_halves.where(F.col("parked").isNull()),
-            "half message undecided",
-            topic=F.col("target_topic"),
-            group=F.col("producer_group"),
-            id=F.col("tx_id"),
-            at_ms=F.col("store_ms"),
-        ),
-        _rows(
-            open_halves.where(F.col("parked")),
-            "transaction parked",
-            topic=F.col("target_topic"),
-            group=F.col("producer_group"),
-            id=F.col("tx_id"),
-            at_ms=F.col("store_ms"),
-        ),
-        _rows(
-            unpublished,
-            "outbox row not published",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            id=F.col("key"),
-            at_ms=F.col("created_ms"),
-        ),
-        _rows(
-            missed.where(F.col("dead").isNull()),
-            "not processed by the group",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            group=F.col("consumer_group"),
-            id=F.col("message_id"),
-            at_ms=F.col("store_ms"),
-        ),
-        _rows(
-            missed.where(F.col("dead")),
-            "dead-lettered",
-            topic=F.col("topic"),
-            service=F.col("service"),
-            group=F.col("consumer_group"),
-            id=F.col("message_id"),
-            at_ms=F.col("store_ms"),
-        ),
+        _rows(open_halves.where(F.col("parked").isNull()), "half message undecided", _HALF),
+        _rows(open_halves.where(F.col("parked")), "transaction parked", _HALF),
+        _rows(unpublished, "outbox row not published", _OUTBOX),
+        _rows(missed.where(F.col("dead").isNull()), "not processed by the group", _MISSED),
+        _rows(missed.where(F.col("dead")), "dead-lettered", _MISSED),
     ]
 
 
