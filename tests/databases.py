@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
@@ -35,17 +36,19 @@ def sqlite_url(tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh database, migrated, dropped after the test."""
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a loop of its own thread: a sync fixture may be reached from inside a
+    running loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
-    def run(coro: Coroutine[Any, Any, T]) -> T:
-        # Its own thread and loop: the fixture may be reached from inside a running loop.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, coro).result()
 
+@contextlib.contextmanager
+def scratch_pg(prefix: str = "txb_test") -> Iterator[str]:
+    """A fresh PostgreSQL database, migrated, dropped afterwards (skips the test when there is
+    no server, except under CI)."""
     try:
-        url = run(create_database(PG_URL, "txb_test"))
+        url = run_async(create_database(PG_URL, prefix))
     except (OSError, SQLAlchemyError) as e:
         if IN_CI:
             raise
@@ -54,7 +57,14 @@ def pg_url() -> Iterator[str]:
         upgrade(url)
         yield url
     finally:
-        run(drop_database(url))
+        run_async(drop_database(url))
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh database, migrated, dropped after the test."""
+    with scratch_pg() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

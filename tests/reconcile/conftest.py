@@ -8,23 +8,18 @@ them; with CI=true they must run.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import shutil
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import IN_CI
+from tests.databases import run_async, scratch_pg
+from txbroker_sdk.schema import upgrade
 
-T = TypeVar("T")
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a loop of its own thread (fixtures here are sync and long-lived)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+__all__ = ["run_async", "scratch_pg"]
 
 
 def _skip_or_fail(why: str) -> None:
@@ -52,3 +47,20 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", jars, shuffle_partitions=4)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def empty_log(tmp_path: Path) -> Path:
+    """A broker data directory holding one empty segment, as a new broker has."""
+    segments = tmp_path / "broker" / "store" / "commitlog"
+    segments.mkdir(parents=True)
+    (segments / f"{0:020d}").write_bytes(bytes(4096))
+    return tmp_path / "broker"
+
+
+@pytest.fixture
+def service_db(tmp_path: Path) -> str:
+    """A migrated SQLite service database with empty txbroker tables."""
+    url = f"sqlite:///{tmp_path / 'svc.db'}"
+    upgrade(url)
+    return url

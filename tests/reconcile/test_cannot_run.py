@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from txbroker_reconcile.run import EXIT_CANNOT_RUN, main
-from txbroker_sdk.schema import upgrade
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -20,21 +19,19 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, " ".join(err.split())  # rich wraps long lines
 
 
-@pytest.fixture
-def log(tmp_path: Path) -> Path:
-    d = tmp_path / "broker" / "store" / "commitlog"
-    d.mkdir(parents=True)
-    (d / f"{0:020d}").write_bytes(bytes(4096))  # an empty segment, as a new broker has
-    return tmp_path / "broker"
-
-
 def test_a_database_without_the_tables_names_the_migration(
-    spark: Any, tmp_path: Path, log: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, empty_log: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "bare.db"
     sqlite3.connect(db).close()
     code, err = _run(
-        capsys, "--service", f"billing=sqlite:///{db}", "--log", str(log), "--out", str(tmp_path)
+        capsys,
+        "--service",
+        f"billing=sqlite:///{db}",
+        "--log",
+        str(empty_log),
+        "--out",
+        str(tmp_path),
     )
     assert code == EXIT_CANNOT_RUN
     assert "service billing" in err and "txb_local_tx is missing" in err
@@ -42,23 +39,27 @@ def test_a_database_without_the_tables_names_the_migration(
 
 
 def test_an_unreachable_database_names_the_service(
-    spark: Any, tmp_path: Path, log: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, empty_log: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = "postgresql://postgres@127.0.0.1:1/nowhere"
     code, err = _run(
-        capsys, "--service", f"orders={url}", "--log", str(log), "--out", str(tmp_path)
+        capsys, "--service", f"orders={url}", "--log", str(empty_log), "--out", str(tmp_path)
     )
     assert code == EXIT_CANNOT_RUN
     assert "service orders: cannot read postgresql://postgres@127.0.0.1:1/nowhere" in err
 
 
 def test_a_directory_without_segments_is_named(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, service_db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = f"sqlite:///{tmp_path / 'svc.db'}"
-    upgrade(db)
     code, err = _run(
-        capsys, "--service", f"svc={db}", "--log", str(tmp_path), "--out", str(tmp_path / "o")
+        capsys,
+        "--service",
+        f"svc={service_db}",
+        "--log",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "o"),
     )
     assert code == EXIT_CANNOT_RUN and f"no commit-log segments in '{tmp_path}'" in err
 

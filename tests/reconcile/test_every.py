@@ -14,20 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import ROOT
-from txbroker_sdk.schema import upgrade
 
 
-def test_every_keeps_reconciling_until_sigterm(spark: Any, tmp_path: Path) -> None:
-    log = tmp_path / "broker" / "store" / "commitlog"
-    log.mkdir(parents=True)
-    (log / f"{0:020d}").write_bytes(bytes(4096))
-    db = f"sqlite:///{tmp_path / 'svc.db'}"
-    upgrade(db)
+def test_every_keeps_reconciling_until_sigterm(
+    spark: Any, tmp_path: Path, empty_log: Path, service_db: str
+) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "txbroker.cli", "reconcile", "--service", f"svc={db}",
-            "--log", str(tmp_path / "broker"), "--out", str(out), "--state", str(state),
+            sys.executable, "-m", "txbroker.cli", "reconcile", "--service", f"svc={service_db}",
+            "--log", str(empty_log), "--out", str(out), "--state", str(state),
             "--every", "1s", "--json", "--master", "local[1]",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,

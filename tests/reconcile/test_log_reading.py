@@ -18,7 +18,6 @@ from txbroker.store.record import HEADER
 from txbroker_reconcile.export import export_log
 from txbroker_reconcile.run import main
 from txbroker_reconcile.segments import SegmentScan, find_segments
-from txbroker_sdk.schema import upgrade
 
 N = 3000
 
@@ -66,23 +65,26 @@ def test_every_record_is_read_with_its_fields(log_dir: tuple[Path, list[int]]) -
     assert [r["queue_id"] for r in rows[:4]] == [0, 1, 2, 0]
 
 
-def _flip(d: Path, offset: int, delta: int) -> None:
-    seg = next(s for s in reversed(find_segments(d)) if s.base <= offset)
+def _damaged_copy(src: Path, dst: Path, record: int, delta: int) -> Path:
+    """A copy of the log ``src`` with one byte flipped, ``delta`` bytes into the record at
+    physical offset ``record``."""
+    shutil.copytree(src, dst)
+    seg = next(s for s in reversed(find_segments(dst)) if s.base <= record)
     with open(seg.path, "r+b") as f:
-        f.seek(offset - seg.base + delta)
+        f.seek(record - seg.base + delta)
         byte = f.read(1)
-        f.seek(offset - seg.base + delta)
+        f.seek(record - seg.base + delta)
         f.write(bytes([byte[0] ^ 0xFF]))
+    return dst
 
 
 def test_a_corrupt_byte_is_one_corrupt_record_and_the_rest_is_read(
     log_dir: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     src, offsets = log_dir
-    d = tmp_path / "log"
-    shutil.copytree(src, d)
     victim = offsets[N // 3]
-    _flip(d, victim, HEADER.size + 10)  # inside the record's topic/properties: the CRC fails
+    # inside the record's topic/properties: the CRC fails
+    d = _damaged_copy(src, tmp_path / "log", victim, HEADER.size + 10)
     rows, corrupt = _scan_all(d)
     assert corrupt == 1
     bad = [r for r in rows if r["corrupt"] is not None]
@@ -96,10 +98,9 @@ def test_a_torn_tail_of_the_newest_segment_is_left_for_later(
     log_dir: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     src, offsets = log_dir
-    d = tmp_path / "log"
-    shutil.copytree(src, d)
     last = offsets[-1]
-    _flip(d, last, HEADER.size + 3)  # the record being written when the log was read
+    # the record being written when the log was read
+    d = _damaged_copy(src, tmp_path / "log", last, HEADER.size + 3)
     newest = [s for s in find_segments(d) if s.base <= last][-1]
     assert newest.newest  # the file being written (the next one is created early, empty)
     scan = SegmentScan(newest)
@@ -109,14 +110,15 @@ def test_a_torn_tail_of_the_newest_segment_is_left_for_later(
 
 
 def test_reconcile_reports_corrupt_records_and_reads_the_export_alike(
-    spark: Any, log_dir: tuple[Path, list[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any,
+    log_dir: tuple[Path, list[int]],
+    tmp_path: Path,
+    service_db: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     src, offsets = log_dir
-    d = tmp_path / "log"
-    shutil.copytree(src, d)
-    _flip(d, offsets[10], HEADER.size + 10)
-    db = f"sqlite:///{tmp_path / 'svc.db'}"
-    upgrade(db)
+    d = _damaged_copy(src, tmp_path / "log", offsets[10], HEADER.size + 10)
+    db = service_db
     exported = export_log(d, tmp_path / "export")
     assert (exported.records, exported.corrupt) == (N - 1, 1)
     for log in (d, tmp_path / "export"):

@@ -14,19 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.exc import SQLAlchemyError
 
-from tests.conftest import IN_CI, BrokerProcess
-from tests.databases import PG_URL
+from tests.conftest import BrokerProcess
 from tests.reconcile import worlds
-from tests.reconcile.conftest import run_async
+from tests.reconcile.conftest import run_async, scratch_pg
 from tests.reconcile.worlds import Expected
 from tests.tx.conftest import tx_broker
 from txbroker_reconcile.checks import REASONS
 from txbroker_reconcile.options import JobOptions, ServiceSpec
 from txbroker_reconcile.run import _Progress, reconcile
 from txbroker_sdk.schema import upgrade
-from txbroker_sdk.testing import create_database, drop_database
 
 TWO_HOURS_MS = 2 * 3600 * 1000
 
@@ -57,17 +54,8 @@ class World:
 
 @pytest.fixture(scope="module")
 def pg_database() -> Iterator[str]:
-    try:
-        url = run_async(create_database(PG_URL, "txb_rec"))
-    except (OSError, SQLAlchemyError) as e:
-        if IN_CI:
-            raise
-        pytest.skip(f"PostgreSQL not available at {PG_URL}: {e}")
-    try:
-        upgrade(url)
+    with scratch_pg("txb_rec") as url:
         yield url
-    finally:
-        run_async(drop_database(url))
 
 
 def _world(tmp: Path, orders_url: str, *, dirty: bool) -> World:

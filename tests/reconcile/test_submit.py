@@ -12,22 +12,18 @@ from typing import Any
 
 from tests.conftest import ROOT
 from txbroker_reconcile.jars import find_jars
-from txbroker_sdk.schema import upgrade
 
 
-def test_spark_submit_runs_the_job(spark: Any, tmp_path: Path) -> None:
-    log = tmp_path / "broker" / "store" / "commitlog"
-    log.mkdir(parents=True)
-    (log / f"{0:020d}").write_bytes(bytes(4096))
-    db = f"sqlite:///{tmp_path / 'svc.db'}"
-    upgrade(db)
+def test_spark_submit_runs_the_job(
+    spark: Any, tmp_path: Path, empty_log: Path, service_db: str
+) -> None:
     submit = Path(sys.executable).parent / "spark-submit"
     res = subprocess.run(
         [
             str(submit), "--master", "local[1]", "--driver-memory", "1g",
             "--jars", ",".join(find_jars(["sqlite"])),
             str(ROOT / "spark_reconcile" / "job.py"),
-            "--service", f"svc={db}", "--log", str(tmp_path / "broker"),
+            "--service", f"svc={service_db}", "--log", str(empty_log),
             "--out", str(tmp_path / "out"), "--json",
         ],
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
