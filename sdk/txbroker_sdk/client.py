@@ -19,18 +19,14 @@ import itertools
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from txbroker.errors import (
-    InvalidArgument,
-    ProtocolError,
     TopicExists,
     TxbError,
     error_class,
 )
-from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
+from txbroker.protocol.codec import Frame, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
-from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import (
     Empty,
     Hello,
@@ -46,7 +42,6 @@ from txbroker.protocol.messages import (
     TxInfo,
     TxListRequest,
     TxListResponse,
-    TxPrepareRequest,
     TxPrepareResponse,
     TxResolveRequest,
     decode_error,
@@ -54,6 +49,14 @@ from txbroker.protocol.messages import (
     encode_body,
 )
 from txbroker.runtime.turnwriter import TurnWriter
+from txbroker_sdk.requests import (
+    ConnectionClosed,
+    RequestTimeout,
+    Transaction,
+    parse_server_url,
+    prepare_request,
+)
+from txbroker_sdk.wire import Wire
 
 __all__ = [
     "Client",
@@ -66,59 +69,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9876
 # Deadlines are checked this often: a timeout fires at most this much late.
 SWEEP_INTERVAL_S = 0.05
-
-
-class ConnectionClosed(TxbError):
-    code = "CONNECTION_CLOSED"
-    retriable = True
-
-
-class RequestTimeout(TxbError):
-    code = "REQUEST_TIMEOUT"
-    retriable = True
-
-
-def parse_server_url(url: str) -> tuple[str, int]:
-    """``txb://host:port`` (or ``host:port``) to (host, port)."""
-    parts = urlsplit(url if "://" in url else f"txb://{url}")
-    if parts.scheme != "txb" or not parts.hostname:
-        raise InvalidArgument(f"server address must look like txb://host:port, not {url!r}")
-    return parts.hostname, parts.port or DEFAULT_PORT
-
-
-def prepare_request(
-    topic: str,
-    body: bytes,
-    *,
-    producer_group: str,
-    check_url: str,
-    tx_id: str | None = None,
-    key: str | None = None,
-    tags: str | None = None,
-    headers: dict[str, str] | None = None,
-    traceparent: str | None = None,
-    timeout_ms: int | None = None,
-    deliver_at_ms: int | None = None,
-) -> TxPrepareRequest:
-    """The PREPARE request (:meth:`Client.prepare` sends it and waits; ``@transactional``
-    submits it without waiting, to overlap it with the barrier insert)."""
-    return TxPrepareRequest(
-        topic,
-        body,
-        producer_group,
-        check_url,
-        tx_id or new_id(),
-        key,
-        tags,
-        headers or {},
-        None,  # message_id: the broker's
-        traceparent,
-        timeout_ms,
-        deliver_at_ms,
-    )
 
 
 class Client:
@@ -147,7 +99,7 @@ class Client:
         self._ids = itertools.count(1)
         self._closed: TxbError | None = ConnectionClosed("not connected yet")
         self._user_closed = False
-        self._wire: _Wire | None = None  # the current connection
+        self._wire: Wire | None = None  # the current connection
         self._out: TurnWriter | None = None  # one per connection
         self._unanswered: set[asyncio.Future[Any]] = set()  # requests nobody awaits
         # Requests sent by post(): corr -> (opcode, request, note); no future at all.
@@ -166,15 +118,19 @@ class Client:
         auth_token: str | None = None,
         timeout_s: float = 10.0,
         reconnect_s: float = 30.0,
+        connect_deadline_s: float = 0.0,
     ) -> Client:
+        """Connect now. With ``connect_deadline_s`` > 0 a broker that is not there yet (still
+        starting) is retried until then, each failed attempt logged as a WARNING; 0 tries once.
+        Either way :class:`ConnectionClosed` names the address when it gives up."""
         client = cls(url, auth_token=auth_token, timeout_s=timeout_s, reconnect_s=reconnect_s)
-        await client._open()
+        await client._dial(connect_deadline_s)
         return client
 
     async def _open(self) -> None:
         """One connection attempt: TCP, then HELLO (which checks the auth token)."""
         loop = asyncio.get_running_loop()
-        wire = _Wire(self, loop)
+        wire = Wire(self, loop)
         try:
             async with asyncio.timeout(self._timeout_s):
                 transport, _ = await loop.create_connection(lambda: wire, self._host, self._port)
@@ -200,18 +156,40 @@ class Client:
         async with self._connect_lock:
             if self.connected:
                 return  # another request reconnected meanwhile
-            deadline = time.monotonic() + self._reconnect_s
-            backoff = 0.05
-            while True:
-                try:
-                    await self._open()
-                    self.reconnects += 1
-                    return
-                except ConnectionClosed:
-                    if time.monotonic() + backoff > deadline:
+            await self._dial(self._reconnect_s)
+            self.reconnects += 1
+
+    async def _dial(self, deadline_s: float) -> None:
+        """Connect, retrying for up to ``deadline_s`` with a backoff from 50 ms doubling to 2 s
+        (a broker restart takes seconds); each failure is logged, so a wrong or down address
+        shows at once in the service's log rather than as a silent wait."""
+        deadline = time.monotonic() + deadline_s
+        backoff, attempt = 0.05, 0
+        while True:
+            attempt += 1
+            try:
+                await self._open()
+                return
+            except ConnectionClosed as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if attempt == 1:
                         raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)  # 50 ms doubling, capped: a restart is seconds
+                    raise ConnectionClosed(
+                        f"cannot connect to {self._host}:{self._port} within {deadline_s:g} s "
+                        f"({attempt} attempts): {e}"
+                    ) from e
+                pause = min(backoff, left)
+                log.warning(
+                    "broker %s:%s: attempt %d failed (%s); retrying in %.2f s",
+                    self._host,
+                    self._port,
+                    attempt,
+                    e,
+                    pause,
+                )
+            await asyncio.sleep(pause)
+            backoff = min(backoff * 2, 2.0)
 
     @property
     def connected(self) -> bool:
@@ -522,66 +500,3 @@ def _posted_done(opcode: int, body: Any, note: str, fut: asyncio.Future[Any]) ->
     """A posted request sent by a reconnecting task (:meth:`Client.post`) has ended."""
     if not fut.cancelled() and (err := fut.exception()) is not None:
         _posted_failed(opcode, body, note, err)
-
-
-class Transaction:
-    """A prepared (half) message: invisible until :meth:`commit`; :meth:`rollback` discards it.
-    If neither arrives, the broker asks the service's check-back endpoint."""
-
-    __slots__ = ("_client", "message_id", "tx_id")
-
-    def __init__(self, client: Client, tx_id: str, message_id: str) -> None:
-        self._client = client
-        self.tx_id = tx_id
-        self.message_id = message_id
-
-    async def commit(self) -> TxEndResponse:
-        return await self._client.end_transaction(self.tx_id, "commit")
-
-    async def rollback(self) -> TxEndResponse:
-        return await self._client.end_transaction(self.tx_id, "rollback")
-
-
-class _Wire(asyncio.Protocol):
-    """One TCP connection of a :class:`Client`: decodes frames as bytes arrive and hands them
-    to the client, and fails the client's requests when the connection ends. A connection the
-    client has already replaced reports nothing."""
-
-    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
-        self._client = client
-        self._decoder = FrameDecoder()
-        self._transport: asyncio.BaseTransport | None = None
-        self.lost: asyncio.Future[None] = loop.create_future()
-
-    def _current(self) -> bool:
-        return self._client._wire is self
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        if not self._current():
-            return
-        try:
-            frames = self._decoder.feed(data)
-        except ProtocolError as e:
-            self._client._fail(e)
-            self.close()
-            return
-        self._client._answered(frames)
-
-    def eof_received(self) -> bool:
-        if self._current():
-            self._client._fail(ConnectionClosed("the broker closed the connection"))
-        return False  # close our side too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._current():
-            reason = f"connection lost: {exc}" if exc is not None else "the connection closed"
-            self._client._fail(ConnectionClosed(reason))
-        if not self.lost.done():
-            self.lost.set_result(None)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from txbroker_sdk.consumer import ConsumedMessage, Consumer
 from txbroker_sdk.lanes import Lanes
 from txbroker_sdk.tables import INBOX, insert_if_absent
 
-__all__ = ["Handler", "Order", "Subscribers", "apply_once"]
+__all__ = ["Handler", "Order", "Subscribers", "apply_once", "check_handler"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,31 @@ _ADMIT_PER_SLOT: Final = 4
 _PULL: Final = _ADMIT_PER_SLOT
 # Retrying a fetch while the broker is unreachable: doubling from 0.1 s up to this.
 _MAX_BACKOFF_S: Final = 5.0
+
+
+def check_handler(fn: Callable[..., object]) -> None:
+    """Refuse, when it is decorated, a handler the runner could not call: it is awaited as
+    ``handler(session, msg)``. Accepted later, it would fail on every message, each failure a
+    retry, until the message went to the dead-letter topic."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ counts too
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)):
+        raise TypeError(
+            f"@subscriber handler {_name(fn)} must be `async def handler(session, msg)`: "
+            "it is awaited"
+        )
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as e:
+        raise TypeError(
+            f"@subscriber handler {_name(fn)} must take (session: AsyncSession, msg: "
+            f"ConsumedMessage), it is called as handler(session, msg): {e}"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a builtin): it is called and fails then, if at all
+
+
+def _name(fn: object) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 async def apply_once(
@@ -142,6 +168,7 @@ class Subscribers:
                 )
 
         def register(fn: Handler) -> Handler:
+            check_handler(fn)
             self._subs.append(_Subscription(topic, group, fn, concurrency, order))
             return fn
 
@@ -176,36 +203,48 @@ class Subscribers:
             capacity=capacity,
             gate=gate,
         )
-        async with Consumer(
-            self._client, sub.group, sub.topic, hold_ms=1000, max_messages=_PULL
-        ) as consumer:
-            timeout_s = 0.0  # anything but a stop: cancel the handlers at once
-            self._lanes.append(lanes)
-            try:
+        consumer = Consumer(self._client, sub.group, sub.topic, hold_ms=1000, max_messages=_PULL)
+        await consumer.start()
+        timeout_s = 0.0  # anything but a stop: cancel the handlers at once
+        self._lanes.append(lanes)
+        try:
+            backoff_s = 0.0
+            while await _room_or_stop(lanes, stop):
+                try:
+                    batch = await _unless_stopped(consumer.fetch(), stop)
+                except TxbError as e:
+                    if not e.retriable:
+                        raise
+                    # The broker restarted or the connection dropped: the client
+                    # reconnects on the next request; the handlers keep their messages.
+                    backoff_s = min(max(backoff_s * 2, 0.1), _MAX_BACKOFF_S)
+                    log.warning("fetch from %s failed (%s); retrying", sub.topic, e)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), backoff_s)
+                    continue
                 backoff_s = 0.0
-                while await _room_or_stop(lanes, stop):
-                    try:
-                        batch = await consumer.fetch()
-                    except TxbError as e:
-                        if not e.retriable:
-                            raise
-                        # The broker restarted or the connection dropped: the client
-                        # reconnects on the next request; the handlers keep their messages.
-                        backoff_s = min(max(backoff_s * 2, 0.1), _MAX_BACKOFF_S)
-                        log.warning("fetch from %s failed (%s); retrying", sub.topic, e)
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), backoff_s)
-                        continue
-                    backoff_s = 0.0
-                    if stop.is_set():
-                        break  # not started, not acknowledged: redelivered to the group
-                    for msg in batch:
-                        lanes.submit(sub.lane(msg), msg)
-                timeout_s = self._shutdown_timeout_s
-            finally:
-                await lanes.close(timeout_s)
-                self._lanes.remove(lanes)
-            # Leaving the consumer commits the offsets of everything acknowledged above.
+                if batch is None or stop.is_set():
+                    break  # not started, not acknowledged: redelivered to the group
+                for msg in batch:
+                    lanes.submit(sub.lane(msg), msg)
+            timeout_s = self._shutdown_timeout_s
+        finally:
+            await lanes.close(timeout_s)
+            self._lanes.remove(lanes)
+            # Closing commits the offsets of everything acknowledged above. With the broker
+            # gone it would keep reconnecting: the stop is bounded, and what was applied but
+            # not committed is redelivered later and skipped by the inbox.
+            try:
+                async with asyncio.timeout(self._shutdown_timeout_s):
+                    await consumer.close()
+            except TimeoutError:
+                log.warning(
+                    "%s/%s: offsets not committed within %s s (broker unreachable?); the "
+                    "applied messages will be redelivered and skipped by the inbox",
+                    sub.group,
+                    sub.topic,
+                    self._shutdown_timeout_s,
+                )
 
     async def _handle(self, sub: _Subscription, msg: ConsumedMessage) -> None:
         try:
@@ -224,6 +263,27 @@ class Subscribers:
         else:
             self.skipped += 1
         msg.ack()
+
+
+async def _unless_stopped(
+    fetch: Awaitable[list[ConsumedMessage]], stop: asyncio.Event
+) -> list[ConsumedMessage] | None:
+    """The fetch's batch, or None once ``stop`` is set first: a fetch can wait long (a long
+    poll, or reconnecting to a broker that is gone) and must not hold up a shutdown."""
+    fetching = asyncio.ensure_future(fetch)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({fetching, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        fetching.cancel()
+        raise
+    finally:
+        stopped.cancel()
+    if fetching.done():
+        return fetching.result()
+    fetching.cancel()
+    await asyncio.gather(fetching, return_exceptions=True)
+    return None
 
 
 async def _room_or_stop(lanes: Lanes[ConsumedMessage], stop: asyncio.Event) -> bool:

@@ -58,7 +58,7 @@ from txbroker_sdk.barrier import mount
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import create_engine
 from txbroker_sdk.schema import upgrade
-from txbroker_sdk.subscriber import Handler, Order, Subscribers
+from txbroker_sdk.subscriber import Handler, Order, Subscribers, check_handler
 from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 from txbroker_sdk.transactional import TxPublisher, encode_body
 
@@ -227,6 +227,7 @@ class TxbService:
         options: dict[str, Any] = {"group": group, "concurrency": concurrency, "order": order}
 
         def register(fn: Handler) -> Handler:
+            check_handler(fn)
             self._subscriptions.append(_Subscription(topic, fn, options))
             return fn
 

@@ -1,0 +1,93 @@
+"""What a client sends, built without a connection: the broker's address parsed, a PREPARE
+request, the errors a request can end with, and the handle of a prepared transaction."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
+
+from txbroker.errors import InvalidArgument, TxbError
+from txbroker.protocol.ids import new_id
+from txbroker.protocol.messages import TxEndResponse, TxPrepareRequest
+
+if TYPE_CHECKING:
+    from txbroker_sdk.client import Client
+
+__all__ = [
+    "DEFAULT_PORT",
+    "ConnectionClosed",
+    "RequestTimeout",
+    "Transaction",
+    "parse_server_url",
+    "prepare_request",
+]
+
+DEFAULT_PORT: Final = 9876
+
+
+class ConnectionClosed(TxbError):
+    code = "CONNECTION_CLOSED"
+    retriable = True
+
+
+class RequestTimeout(TxbError):
+    code = "REQUEST_TIMEOUT"
+    retriable = True
+
+
+def parse_server_url(url: str) -> tuple[str, int]:
+    """``txb://host:port`` (or ``host:port``) to (host, port)."""
+    parts = urlsplit(url if "://" in url else f"txb://{url}")
+    if parts.scheme != "txb" or not parts.hostname:
+        raise InvalidArgument(f"server address must look like txb://host:port, not {url!r}")
+    return parts.hostname, parts.port or DEFAULT_PORT
+
+
+def prepare_request(
+    topic: str,
+    body: bytes,
+    *,
+    producer_group: str,
+    check_url: str,
+    tx_id: str | None = None,
+    key: str | None = None,
+    tags: str | None = None,
+    headers: dict[str, str] | None = None,
+    traceparent: str | None = None,
+    timeout_ms: int | None = None,
+    deliver_at_ms: int | None = None,
+) -> TxPrepareRequest:
+    """The PREPARE request (:meth:`Client.prepare` sends it and waits; ``@transactional``
+    submits it without waiting, to overlap it with the barrier insert)."""
+    return TxPrepareRequest(
+        topic,
+        body,
+        producer_group,
+        check_url,
+        tx_id or new_id(),
+        key,
+        tags,
+        headers or {},
+        None,  # message_id: the broker's
+        traceparent,
+        timeout_ms,
+        deliver_at_ms,
+    )
+
+
+class Transaction:
+    """A prepared (half) message: invisible until :meth:`commit`; :meth:`rollback` discards it.
+    If neither arrives, the broker asks the service's check-back endpoint."""
+
+    __slots__ = ("_client", "message_id", "tx_id")
+
+    def __init__(self, client: Client, tx_id: str, message_id: str) -> None:
+        self._client = client
+        self.tx_id = tx_id
+        self.message_id = message_id
+
+    async def commit(self) -> TxEndResponse:
+        return await self._client.end_transaction(self.tx_id, "commit")
+
+    async def rollback(self) -> TxEndResponse:
+        return await self._client.end_transaction(self.tx_id, "rollback")

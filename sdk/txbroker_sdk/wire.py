@@ -1,0 +1,64 @@
+"""One TCP connection of a :class:`~txbroker_sdk.client.Client`, as an asyncio protocol.
+
+Frames are decoded in ``data_received`` as their bytes arrive and handed to the client there,
+not by a reader task (see the client's docstring for why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from txbroker.errors import ProtocolError
+from txbroker.protocol.codec import FrameDecoder
+from txbroker_sdk.requests import ConnectionClosed
+
+if TYPE_CHECKING:
+    from txbroker_sdk.client import Client
+
+__all__ = ["Wire"]
+
+
+class Wire(asyncio.Protocol):
+    """One TCP connection of a :class:`Client`: decodes frames as bytes arrive and hands them
+    to the client, and fails the client's requests when the connection ends. A connection the
+    client has already replaced reports nothing."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.BaseTransport | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+
+    def _current(self) -> bool:
+        return self._client._wire is self
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self._current():
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as e:
+            self._client._fail(e)
+            self.close()
+            return
+        self._client._answered(frames)
+
+    def eof_received(self) -> bool:
+        if self._current():
+            self._client._fail(ConnectionClosed("the broker closed the connection"))
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._current():
+            reason = f"connection lost: {exc}" if exc is not None else "the connection closed"
+            self._client._fail(ConnectionClosed(reason))
+        if not self.lost.done():
+            self.lost.set_result(None)

@@ -1,0 +1,117 @@
+"""What a service developer meets in the first hour, made to fail fast and say what to do: a
+broker address that does not answer (each retry logged, a deadline), a handler with the wrong
+signature (refused when decorated), and a subscriber whose broker is gone (it still stops
+within its grace on SIGTERM)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from tests.conftest import ROOT, BrokerProcess
+from tests.sdk.subscriber_child import GRACE_S
+from txbroker_sdk import Client, ConsumedMessage, Subscribers, TxbService
+from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.database import create_engine
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when this returns: nothing listens
+
+
+async def test_connect_retries_are_logged_and_bounded_by_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = _closed_port()
+    caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosed, match=rf"127\.0\.0\.1:{port} within 1 s"):
+        await Client.connect(f"txb://127.0.0.1:{port}", connect_deadline_s=1.0)
+    took = time.monotonic() - started
+    assert 0.9 <= took < 4.0
+    retries = [r for r in caplog.records if "attempt" in r.getMessage()]
+    assert len(retries) >= 3 and f"127.0.0.1:{port}" in retries[0].getMessage()
+
+
+async def test_one_attempt_by_default_and_a_reconnect_is_logged_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = _closed_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosed, match=f"cannot connect to 127.0.0.1:{port}"):
+        await Client.connect(f"txb://127.0.0.1:{port}")
+    assert time.monotonic() - started < 2.0  # no silent wait
+    caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
+    client = Client(f"txb://127.0.0.1:{port}", reconnect_s=0.5)  # connects on first use
+    with pytest.raises(ConnectionClosed, match=r"within 0\.5 s"):
+        await client.ping()
+    assert any("retrying in" in r.getMessage() for r in caplog.records)
+
+
+def _subscribers(sqlite_url: str) -> Subscribers:
+    client = Client("txb://127.0.0.1:1")  # never used: decorating needs no connection
+    return Subscribers(client, async_sessionmaker(create_engine(sqlite_url)))
+
+
+@pytest.mark.parametrize("service", ["Subscribers", "TxbService"])
+def test_a_handler_with_the_wrong_signature_is_refused_when_decorated(
+    sqlite_url: str, service: str
+) -> None:
+    if service == "Subscribers":
+        subscriber = _subscribers(sqlite_url).subscriber
+    else:
+        subscriber = TxbService(broker="txb://127.0.0.1:1", database=sqlite_url).subscriber
+
+    def not_async(session: AsyncSession, msg: ConsumedMessage) -> None:
+        pass
+
+    async def one_argument(msg: ConsumedMessage) -> None:
+        pass
+
+    async def three(session: AsyncSession, msg: ConsumedMessage, extra: int) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"not_async must be `async def handler\(session, msg\)`"):
+        subscriber("orders", group="g1")(not_async)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"one_argument must take \(session"):
+        subscriber("orders", group="g2")(one_argument)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="missing a required argument: 'extra'"):
+        subscriber("orders", group="g3")(three)  # type: ignore[arg-type]
+
+    async def fine(session: AsyncSession, msg: ConsumedMessage, *, note: str = "") -> None:
+        pass
+
+    assert subscriber("orders", group="g4")(fine) is fine
+
+
+def test_a_subscriber_stops_within_its_grace_after_its_broker_is_gone(
+    broker: BrokerProcess, sqlite_url: str
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.sdk.subscriber_child", sqlite_url, broker.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY", proc.stderr
+        broker.kill()  # the subscriber now retries its fetches against nothing
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0
+    # the fetch is dropped at once; closing (committing offsets) gets the grace at most
+    assert took < GRACE_S + 3.0, took
