@@ -6,5 +6,5 @@
 * ``examples.billing``: ``@subscriber("orders", group="billing")`` writes a payment per order.
 * ``examples.inventory``: ``@subscriber("inventory", group="inventory")``, fed by the outbox
   relay, writes a stock reservation per order.
-* ``examples.demo``: ``txbroker demo`` (the README's first command).
+* ``examples.demo``: ``make demo`` (the README's first command).
 """

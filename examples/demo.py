@@ -4,7 +4,7 @@ Starts a broker on embedded storage and the three example services (SQLite files
 one throwaway PostgreSQL database with ``--database-url``), places a few thousand orders
 through the orders service's HTTP API while faults are injected, waits for everything to
 settle, and prints what every database and the broker hold. Faults, each a real SIGKILL at
-the worst moment (see ``sdk/faults.py``), with the supervisor restarting the victim:
+the worst moment (see ``txbroker_sdk/faults.py``), with the supervisor restarting the victim:
 
 * the orders service dies between its database commit and END_TX (the back-check commits);
 * billing and inventory die between their inbox commit and the ack (the redelivery is skipped);

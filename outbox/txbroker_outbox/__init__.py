@@ -6,7 +6,7 @@
         await session.execute(orders.insert().values(id="o-42"))
         await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
 
-    relay = Relay(client, engine, namespace="orders-db")  # or: txbroker outbox relay --db URL
+    relay = Relay(client, engine, namespace="orders-db")  # or: txbroker outbox relay --url URL
     await relay.run(stop)
 
 The outbox publishes through the SDK's client; nothing in the SDK depends on it.

@@ -1,7 +1,7 @@
 """Crash points: kill this process at a named point of the SDK, for crash tests and the demo.
 
 The guarantees the SDK gives are about processes dying at the worst moment, so the tests and
-``txbroker demo`` need to make them die exactly there, with a real ``SIGKILL`` (no ``finally``,
+``make demo`` need to make them die exactly there, with a real ``SIGKILL`` (no ``finally``,
 no atexit, no flush). Each window the SDK cares about calls :func:`point` with its name; the
 call does nothing unless the environment arms that point:
 

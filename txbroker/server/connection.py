@@ -4,7 +4,7 @@ The protocol object owns only I/O concerns: the sans-IO decoder, the auth gate, 
 bounds and error frames. What a request does is the broker's (``handlers.py``). A request runs
 as a task of its handler, or, for TX_PREPARE and TX_END, through a *direct* handler called at
 once that answers now or with a future the group commit resolves: no task, coroutine chain or
-shield per request (docs/architecture.md, "Connections", has what that saved). A malformed
+shield per request (docs/server.md, "Connections", has what that saved). A malformed
 stream gets one STREAM error frame and the connection is closed; a bad request gets an error
 frame for that request and the connection stays open. Nothing a client sends can take the server
 down: every handler failure is turned into an error frame here.
