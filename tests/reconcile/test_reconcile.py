@@ -21,6 +21,7 @@ from tests.reconcile.conftest import run_async, scratch_pg
 from tests.reconcile.worlds import Expected
 from tests.tx.conftest import tx_broker
 from txbroker_reconcile.checks import REASONS
+from txbroker_reconcile.export import export_log
 from txbroker_reconcile.options import JobOptions, ServiceSpec
 from txbroker_reconcile.run import _Progress, reconcile
 from txbroker_sdk.schema import upgrade
@@ -150,17 +151,27 @@ def _comparable(spark: Any, summary: dict[str, Any], out: Path) -> tuple[Any, ..
     return summary["anomalies"], topics, sorted(tuple(r) for r in rows)
 
 
+@pytest.mark.parametrize("source", ["segments", "export"])
 def test_an_incremental_run_after_more_traffic_equals_a_full_run(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, source: str
 ) -> None:
+    """The log read from the broker's segments, or from a Parquet export made again after the
+    new traffic (a cluster's way): either way the second run reads only what is new."""
     orders_url = f"sqlite:///{tmp_path / 'orders.db'}"
     upgrade(orders_url)
     world = _world(tmp_path, orders_url, dirty=False)
-    state = tmp_path / "state"
+    exported = tmp_path / "export"
+
+    def log() -> Path:
+        if source == "segments":
+            return world.broker.data_dir
+        export_log(world.broker.data_dir, exported)
+        return exported
+
     try:
         as_of = int(time.time() * 1000) + TWO_HOURS_MS
-        opts = world.options(tmp_path / "inc", state=state, as_of_ms=as_of)
-        first = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        opts = world.options(tmp_path / "inc", state=tmp_path / "state", as_of_ms=as_of)
+        first = reconcile(replace(opts, log=log()), _Progress(None, False), spark)  # type: ignore[arg-type]
         assert first["inputs"]["run"] == 1 and first["clean"]
 
         async def more() -> None:
@@ -170,16 +181,16 @@ def test_an_incremental_run_after_more_traffic_equals_a_full_run(
                 await worlds.consume_all(s)
 
         run_async(more())
-        second = reconcile(opts, _Progress(None, False), spark)  # type: ignore[arg-type]
+        second = reconcile(replace(opts, log=log()), _Progress(None, False), spark)  # type: ignore[arg-type]
         full = reconcile(
-            world.options(tmp_path / "full", as_of_ms=as_of),
+            world.options(tmp_path / "full", log=log(), as_of_ms=as_of),
             _Progress(None, False),
             spark,  # type: ignore[arg-type]
         )
     finally:
         world.broker.stop()
     assert second["inputs"]["run"] == 2
-    # The second run read only the new records (the log) and rows (the tables, give or take
+    # The second run kept only the new records (the log) and rows (the tables, give or take
     # the look-back overlap), yet its result is the full run's.
     assert 0 < second["inputs"]["log"]["read_this_run"] < full["inputs"]["log"]["read_this_run"]
     assert _comparable(spark, second, tmp_path / "inc") == _comparable(
