@@ -103,11 +103,18 @@ def reconcile(opts: JobOptions, progress: _Progress, spark: Any = None) -> dict[
     return summary
 
 
+def _console(*, stderr: bool) -> Console:
+    """A console for the terminal, or, into a log or a pipe, lines wide enough not to be
+    wrapped (rich assumes 80 columns there)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160, log_path=False)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "txbroker reconcile") -> int:
     try:
         opts = parse_args(argv, prog)
     except CannotRun as e:
-        Console(stderr=True).print(f"[red]cannot run:[/] {e}")
+        _console(stderr=True).print(f"[red]cannot run:[/] {e}")
         return EXIT_CANNOT_RUN
     return run_job(opts)
 
@@ -118,9 +125,9 @@ def run_job(opts: JobOptions) -> int:
     from txbroker_reconcile.report import REPORT_FILE
     from txbroker_reconcile.summary import print_summary
 
-    err = Console(stderr=True)
+    err = _console(stderr=True)
     progress = _Progress(err, opts.progress and not opts.json)
-    out = Console()
+    out = _console(stderr=False)
     stop = threading.Event()
     if opts.every_s is not None:
         for sig in (signal.SIGINT, signal.SIGTERM):
