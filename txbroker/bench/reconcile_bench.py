@@ -2,8 +2,9 @@
 
 For each size N it builds a world the job cannot tell from production: N committed rows in a
 fresh PostgreSQL database's ``txb_local_tx`` and N rows in its ``txb_inbox`` (loaded with COPY,
-not row inserts), and N matching committed messages in a real commit log written by the
-store's own append path. Into that it injects ``anomalies`` of each of four kinds:
+not row inserts), and N matching transactions in a real commit log written by the store's own
+append path (each a half record and its committed copy, as the broker writes them). Into that
+it injects ``anomalies`` of each of four kinds:
 
     lost       local rows with no message
     phantom    messages whose transaction the service never recorded
@@ -27,10 +28,19 @@ from pathlib import Path
 from typing import Any, Final
 
 from txbroker.store import FlushMode, Message, MessageStore, RecordFlag, StoreConfig
+from txbroker.tx.state import (
+    HALF_TOPIC,
+    PROP_GROUP,
+    PROP_TARGET_QUEUE,
+    PROP_TARGET_TOPIC,
+    PROP_TIMEOUT,
+    PROP_TX,
+)
 
 __all__ = ["ReconcileBenchResult", "bench_reconcile", "format_reconcile"]
 
 TOPIC: Final = "orders"
+PRODUCER_GROUP: Final = "orders-svc"
 GROUP: Final = "billing"
 _CHUNK: Final = 100_000
 _BODY: Final = b'{"order": "0000000000", "amount": 100}'.ljust(64)
@@ -47,10 +57,11 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class ReconcileBenchResult:
     rows: int
-    messages: int
+    messages: int  # visible
+    records: int  # in the log: each transaction's half record and committed copy
     load_s: float  # building the world (not part of the figure)
     job_s: float  # the reconciliation, from starting Spark to the summary
-    rows_per_s: float  # (local rows + messages + inbox rows) / job_s
+    rows_per_s: float  # (local rows + log records + inbox rows) / job_s
     found: dict[str, int]  # reason -> count the job reported
     exact: bool  # every injected id found, nothing else
 
@@ -100,31 +111,44 @@ async def _load_tables(url: str, n: int, k: int, say: Say) -> None:
         await conn.close()
 
 
-async def _write_log(data_dir: Path, n: int, k: int, say: Say) -> int:
-    """n committed messages (0..n-1), k phantoms (ids n+k.., no local row), k second copies
-    of the first k transactions; returns how many records."""
+async def _write_log(data_dir: Path, n: int, k: int, say: Say) -> tuple[int, int]:
+    """As the broker writes a transactional message: a half record in the half topic, then the
+    committed copy in the message's topic (which records the commit), for 0..n-1; then k
+    phantoms (ids n+k.., committed, no local row) and k second copies of the first k
+    transactions. Returns (visible messages, records)."""
     # The broker's default segment size: the job reads one segment per task, so this is also
     # how the work spreads over the cores.
     store = await MessageStore.open(StoreConfig(data_dir, flush=FlushMode.ASYNC, retention_ms=None))
-    flags = int(RecordFlag.TX_COMMITTED)
+    committed, half = int(RecordFlag.TX_COMMITTED), int(RecordFlag.TX_HALF)
 
     def msg(tx: int, mid: int) -> Message:
-        return Message(TOPIC, _BODY, mid % 4, {"id": _mid(mid), "tx": _tx(tx)}, flags)
+        return Message(TOPIC, _BODY, mid % 4, {"id": _mid(mid), "tx": _tx(tx)}, committed)
 
-    written = 0
+    def prepared(tx: int) -> Message:
+        props = {
+            "id": _mid(tx),
+            PROP_TX: _tx(tx),
+            PROP_TARGET_TOPIC: TOPIC,
+            PROP_TARGET_QUEUE: str(tx % 4),
+            PROP_GROUP: PRODUCER_GROUP,
+            PROP_TIMEOUT: "6000",
+        }
+        return Message(HALF_TOPIC, _BODY, 0, props, half)
+
+    def both(txs: range) -> list[Message]:
+        return [m for i in txs for m in (prepared(i), msg(i, i))]
+
     try:
         for start in range(0, n, 1000):
             end = min(n, start + 1000)
-            await store.append_batch([msg(i, i) for i in range(start, end)])
-            written = end
-            if written % 1_000_000 < 1000:
-                say(f"log: {written:,}/{n + 2 * k:,} records")
-        await store.append_batch([msg(n + k + j, n + k + j) for j in range(k)])  # phantoms
+            await store.append_batch(both(range(start, end)))
+            if end % 1_000_000 < 1000:
+                say(f"log: {end:,}/{n:,} transactions")
+        await store.append_batch(both(range(n + k, n + 2 * k)))  # phantoms
         await store.append_batch([msg(j, n + 2 * k + j) for j in range(k)])  # second copies
-        written += 2 * k
     finally:
         await store.close()
-    return written
+    return n + 2 * k, 2 * n + 3 * k
 
 
 def _expected_ids(n: int, k: int) -> dict[str, set[str]]:
@@ -136,7 +160,7 @@ def _expected_ids(n: int, k: int) -> dict[str, set[str]]:
     }
 
 
-async def _build(url: str, data_dir: Path, n: int, k: int, say: Say) -> int:
+async def _build(url: str, data_dir: Path, n: int, k: int, say: Say) -> tuple[int, int]:
     await _load_tables(url, n, k, say)
     return await _write_log(data_dir, n, k, say)
 
@@ -165,7 +189,7 @@ def bench_reconcile(
     try:
         upgrade(url)
         t0 = time.perf_counter()
-        messages = asyncio.run(_build(url, work / "broker", rows, k, say))
+        messages, records = asyncio.run(_build(url, work / "broker", rows, k, say))
         load_s = time.perf_counter() - t0
         opts = JobOptions(
             services=(ServiceSpec("orders", url, "orders"),),
@@ -177,7 +201,7 @@ def bench_reconcile(
             examples=k,
             master=master,
         )
-        say(f"reconciling {rows:,} rows and {messages:,} messages with Spark ({master})")
+        say(f"reconciling {rows:,} rows and {records:,} log records with Spark ({master})")
         t1 = time.perf_counter()
         spark = spark_session(master, find_jars(["postgresql"]))
         try:
@@ -191,8 +215,10 @@ def bench_reconcile(
             listed.setdefault(e["reason"], set()).add(e["id"])
         exact = set(found) == set(_EXPECTED) and listed == _expected_ids(rows, k)
         exact = exact and all(v == k for v in found.values())
-        total = (rows + k) + messages + (rows + k)
-        return ReconcileBenchResult(rows, messages, load_s, job_s, total / job_s, found, exact)
+        total = (rows + k) + records + (rows + k)
+        return ReconcileBenchResult(
+            rows, messages, records, load_s, job_s, total / job_s, found, exact
+        )
     finally:
         asyncio.run(drop_database(url))
         shutil.rmtree(work, ignore_errors=True)
@@ -200,13 +226,13 @@ def bench_reconcile(
 
 def format_reconcile(results: list[ReconcileBenchResult]) -> str:
     lines = [
-        f"{'rows':>12} {'messages':>12} {'job s':>8} {'rows/s':>12} {'s per 1M':>9}  found",
+        f"{'rows':>12} {'log records':>12} {'job s':>8} {'rows/s':>12} {'s per 1M':>9}  found",
     ]
     for r in results:
         per_m = r.job_s / (r.rows / 1e6)
         verdict = "exactly the injected anomalies" if r.exact else f"MISMATCH {r.found}"
         lines.append(
-            f"{r.rows:>12,} {r.messages:>12,} {r.job_s:>8.1f} {r.rows_per_s:>12,.0f} "
+            f"{r.rows:>12,} {r.records:>12,} {r.job_s:>8.1f} {r.rows_per_s:>12,.0f} "
             f"{per_m:>9.1f}  {verdict}"
         )
     return "\n".join(lines)
