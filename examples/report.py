@@ -27,6 +27,9 @@ from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 __all__ = ["Snapshot", "format_report", "read_metrics", "take_snapshot"]
 
 _METRIC = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+# Labels every OpenTelemetry instrument carries (its scope): left out of the keys.
+_SCOPE_LABEL = re.compile(r'otel_scope_\w+="[^"]*",?')
+_ENDED = 'txbroker_tx_ended_total{{txbroker_tx_decision="{}"}}'
 
 
 async def read_metrics(http_base: str) -> dict[str, float]:
@@ -37,7 +40,8 @@ async def read_metrics(http_base: str) -> dict[str, float]:
     for line in text.splitlines():
         m = _METRIC.match(line)
         if m:
-            name = m.group(1) + (f"{{{m.group(2)}}}" if m.group(2) else "")
+            labels = _SCOPE_LABEL.sub("", m.group(2) or "").rstrip(",")
+            name = m.group(1) + (f"{{{labels}}}" if labels else "")
             out[name] = float(m.group(3))
     return out
 
@@ -58,7 +62,9 @@ class Snapshot:
 
     @property
     def pending_tx(self) -> int:
-        return int(self.metrics.get("txb_tx_pending", 0) + self.metrics.get("txb_tx_parked", 0))
+        return int(
+            self.metrics.get("txbroker_tx_pending", 0) + self.metrics.get("txbroker_tx_parked", 0)
+        )
 
     def settled(self) -> bool:
         return (
@@ -146,9 +152,9 @@ def format_report(
     checks = {
         k.split('"')[1]: int(v)
         for k, v in s.metrics.items()
-        if k.startswith("txb_tx_checks_total{")
+        if k.startswith("txbroker_tx_checks_total{")
     }
-    dlq = sum(int(v) for k, v in s.metrics.items() if "%DLQ%" in k and "topic_messages" in k)
+    dlq = sum(int(v) for k, v in s.metrics.items() if "%DLQ%" in k and "sent_messages" in k)
     bad = anomalies(s, driven)
     skipped = sum(stats.get(name, Counter())["skipped"] for name in ("billing", "inventory"))
     rows: list[tuple[str, str]] = [
@@ -179,8 +185,8 @@ def format_report(
     rows += [
         (
             "transactions committed / rolled back at the broker",
-            f"{int(s.metrics.get('txb_tx_commits_total', 0)):,} / "
-            f"{int(s.metrics.get('txb_tx_rollbacks_total', 0)):,}",
+            f"{int(s.metrics.get(_ENDED.format('commit'), 0)):,} / "
+            f"{int(s.metrics.get(_ENDED.format('rollback'), 0)):,}",
         ),
         ("messages dead-lettered", f"{dlq:,}"),
     ]

@@ -65,7 +65,7 @@ def test_report_counts_every_kind_of_anomaly() -> None:
         payments=Counter({"a": 2, "x": 1}),
         reservations=Counter({"a": 1, "b": 1, "c": 1}),
         unpublished=1,
-        metrics={"txb_tx_pending": 1},
+        metrics={"txbroker_tx_pending": 1},
     )
     driven = Outcome(placed={"a", "b", "c", "lost"}, declined={"b"})
     found = dict(anomalies(snap, driven))

@@ -40,9 +40,9 @@ async def test_admin_endpoints(broker: BrokerProcess) -> None:
             [g] = [g for g in groups if g["group"] == "billing"]
             assert g["total_lag"] == 2 - 1 and g["members"] == [consumer.member_id]
             metrics = (await h.get("/metrics")).text
-        assert 'txb_topic_messages{topic="orders"} 2' in metrics
-        assert 'txb_group_lag{group="billing",topic="orders"} 1' in metrics
-        assert "txb_fsync_total" in metrics and "txb_connections" in metrics
+        # The values are checked in test_metrics.py; here the endpoint is part of the admin app.
+        assert "messaging_client_sent_messages_total{" in metrics
+        assert "txbroker_consumer_lag{" in metrics and "txbroker_server_connections{" in metrics
 
 
 async def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -275,7 +276,8 @@ async def test_http_admin_lists_and_resolves(broker: BrokerProcess, checks: Chec
         r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback")
         assert r.status_code == 409 and r.json()["error"]["code"] == "TRANSACTION_CONFLICT"
         metrics = (await h.get("/metrics")).text
-        assert "txb_tx_commits_total 1" in metrics and "txb_tx_pending 0" in metrics
+        assert 'txbroker_tx_decision="commit"} 1.0' in metrics
+        assert re.search(r"^txbroker_tx_pending\{.*\} 0\.0$", metrics, re.M)
         assert await _consume_all(c, "orders", "g") == [b"via-http"]
 
 

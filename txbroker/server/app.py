@@ -21,6 +21,7 @@ from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_direct_handlers, build_handlers
 from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
+from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
@@ -50,6 +51,7 @@ class BrokerServer:
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._admin: Admin | None = None
+        self.metrics: BrokerMetrics | None = None
         self._http: HttpServer | None = None
         self.http_port = 0
         self._server: asyncio.Server | None = None
@@ -139,6 +141,28 @@ class BrokerServer:
             reuse_address=True,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.metrics = BrokerMetrics(
+            self.store,
+            self.topics,
+            self.groups,
+            admin,
+            self.tx,
+            self.checker,
+            gauges={
+                "txbroker.server.connections": (
+                    "Client connections open.",
+                    lambda: len(self._connections),
+                ),
+                "txbroker.server.longpolls": (
+                    "Consumer fetches held open, waiting for messages.",
+                    lambda: notifier.waiting,
+                ),
+                "txbroker.delay.pending": (
+                    "Delayed messages not yet due.",
+                    self.scheduler.pending,
+                ),
+            },
+        )
         app = build_http_app(
             self.store,
             self.topics,
@@ -147,12 +171,7 @@ class BrokerServer:
             auth_token=cfg.auth_token,
             tx=self.tx,
             checker=self.checker,
-            extra_metrics=lambda: [
-                "# TYPE txb_connections gauge",
-                f"txb_connections {len(self._connections)}",
-                "# TYPE txb_longpoll_waiting gauge",
-                f"txb_longpoll_waiting {notifier.waiting}",
-            ],
+            metrics=self.metrics,
         )
         self._http = HttpServer(app, cfg.host, cfg.http_port)
         await self._http.start()
@@ -166,6 +185,8 @@ class BrokerServer:
             self.groups.expire_all()
             if self._admin is not None:
                 self._admin.sample()
+            if self.metrics is not None:
+                self.metrics.drain_fsyncs()
             for snap in self._snapshots():
                 try:
                     await snap.save_async()
@@ -183,6 +204,8 @@ class BrokerServer:
             await asyncio.gather(self._housekeeping, return_exceptions=True)
         if self._http is not None:
             await self._http.stop()
+        if self.metrics is not None:
+            self.metrics.shutdown()
         if self._server is not None:
             self._server.close()
         if self.consumer is not None and self._notifier is not None:

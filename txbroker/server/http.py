@@ -5,7 +5,7 @@
     GET /v1/groups                     consumer groups with lag per queue
     GET /v1/messages?topic=T&key=K     messages of a topic by business key
     GET /v1/messages/{message_id}      one message by id
-    GET /metrics                       Prometheus text exposition
+    GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
 
 Errors are JSON ``{"error": {"code", "message"}}`` with a status that fits the error class.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from txbroker.errors import (
@@ -32,10 +32,12 @@ from txbroker.errors import (
 )
 from txbroker.server.admin import Admin
 from txbroker.server.delay import DelayScheduler
+from txbroker.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import HEADER_PREFIX
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import KeyKind, MessageStore, StoredMessage
-from txbroker.tx.checker import BUCKETS, BackChecker
+from txbroker.tx.checker import BackChecker
 from txbroker.tx.coordinator import TxCoordinator, tx_info
 from txbroker.tx.state import Decision, Resolver, TxState
 
@@ -90,7 +92,7 @@ def build_http_app(
     topics: TopicRegistry,
     admin: Admin,
     scheduler: DelayScheduler,
-    extra_metrics: Callable[[], list[str]] | None = None,
+    metrics: BrokerMetrics | None = None,
     auth_token: str | None = None,
     tx: TxCoordinator | None = None,
     checker: BackChecker | None = None,
@@ -156,31 +158,12 @@ def build_http_app(
                 return JSONResponse(_message_json(m))
         raise NotFound(f"no message with id {mid!r}")
 
-    async def metrics(_: Request) -> Response:
-        c = store.committer
-        lines = [
-            "# TYPE txb_store_write_offset_bytes gauge",
-            f"txb_store_write_offset_bytes {store.write_offset}",
-            "# TYPE txb_store_flushed_offset_bytes gauge",
-            f"txb_store_flushed_offset_bytes {store.flushed_offset}",
-            "# TYPE txb_fsync_total counter",
-            f"txb_fsync_total {c.fsync_count}",
-            "# TYPE txb_fsync_records_total counter",
-            f"txb_fsync_records_total {c.fsync_records}",
-            "# TYPE txb_delay_pending gauge",
-            f"txb_delay_pending {scheduler.pending()}",
-            "# TYPE txb_topic_messages gauge",
-        ]
-        for t in topics.list():
-            total = admin.topic_info(t).messages
-            lines.append(f'txb_topic_messages{{topic="{t.name}"}} {total}')
-        lines.append("# TYPE txb_group_lag gauge")
-        for g in admin.groups():
-            lines.append(f'txb_group_lag{{group="{g.group}",topic="{g.topic}"}} {g.lag}')
-        lines.extend(tx_metrics())
-        if extra_metrics is not None:
-            lines.extend(extra_metrics())
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    async def metrics_text(_: Request) -> Response:
+        text = metrics.exposition() if metrics is not None else None
+        if text is None:
+            message = "metrics need the OpenTelemetry SDK: pip install 'txbroker[otel]'"
+            return JSONResponse({"error": {"code": "unavailable", "message": message}}, 503)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     def coordinator() -> TxCoordinator:
         if tx is None:
@@ -215,37 +198,6 @@ def build_http_app(
             raise NotFound(f"no action {action!r}: use commit, rollback or resume")
         return JSONResponse(msgspec.to_builtins(res))
 
-    def tx_metrics() -> list[str]:
-        if tx is None or checker is None:
-            return []
-        lines = [
-            "# TYPE txb_tx_pending gauge",
-            f"txb_tx_pending {tx.count(TxState.PREPARED)}",
-            "# TYPE txb_tx_parked gauge",
-            f"txb_tx_parked {tx.count(TxState.PARKED)}",
-            "# TYPE txb_tx_prepared_total counter",
-            f"txb_tx_prepared_total {tx.counters['prepared']}",
-            "# TYPE txb_tx_commits_total counter",
-            f"txb_tx_commits_total {tx.counters['committed']}",
-            "# TYPE txb_tx_rollbacks_total counter",
-            f"txb_tx_rollbacks_total {tx.counters['rolled_back']}",
-            "# TYPE txb_tx_checks_total counter",
-        ]
-        for outcome, n in sorted(checker.outcomes.items()):
-            lines.append(f'txb_tx_checks_total{{outcome="{outcome}"}} {n}')
-        lines.append("# TYPE txb_tx_check_latency_seconds histogram")
-        cumulative = 0
-        for bound, n in zip(BUCKETS, checker.latency_buckets, strict=False):
-            cumulative += n
-            lines.append(f'txb_tx_check_latency_seconds_bucket{{le="{bound}"}} {cumulative}')
-        total = sum(checker.latency_buckets)
-        lines.append(f'txb_tx_check_latency_seconds_bucket{{le="+Inf"}} {total}')
-        lines.append(f"txb_tx_check_latency_seconds_sum {checker.latency_sum:.6f}")
-        lines.append(f"txb_tx_check_latency_seconds_count {total}")
-        lines.append("# TYPE txb_tx_checks_inflight gauge")
-        lines.append(f"txb_tx_checks_inflight {checker.inflight}")
-        return lines
-
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
 
@@ -256,7 +208,7 @@ def build_http_app(
             Route("/v1/groups", guarded(list_groups)),
             Route("/v1/messages", guarded(messages_by_key)),
             Route("/v1/messages/{message_id}", guarded(message_by_id)),
-            Route("/metrics", guarded(metrics)),
+            Route("/metrics", guarded(metrics_text)),
             Route("/v1/transactions", guarded(list_transactions)),
             Route("/v1/transactions/{tx_id}", guarded(show_transaction)),
             Route(

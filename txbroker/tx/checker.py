@@ -19,6 +19,7 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -78,6 +79,8 @@ class BackChecker:
         self.outcomes: dict[str, int] = {}
         self.latency_buckets = [0] * (len(BUCKETS) + 1)
         self.latency_sum = 0.0
+        # Told each check's outcome and seconds (the broker's latency histogram), if set.
+        self.on_checked: Callable[[str, float], None] | None = None
         self.max_inflight = 0
 
     def schedule(self, tx: Tx) -> None:
@@ -246,3 +249,5 @@ class BackChecker:
                 break
         else:
             self.latency_buckets[-1] += 1
+        if self.on_checked is not None:
+            self.on_checked(key, res.seconds)

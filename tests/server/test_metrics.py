@@ -1,0 +1,113 @@
+"""/metrics of a real broker process: OpenTelemetry instruments in Prometheus text, with the
+values the traffic of the test produced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import BrokerProcess
+from txbroker_sdk import Client, Consumer
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    """Samples by name and labels, the OTel scope labels left out."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = frozenset((k, v) for k, v in s.labels.items() if not k.startswith("otel_"))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+async def scrape(h: httpx.AsyncClient) -> Samples:
+    r = await h.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return parse(r.text)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "broker", "--tx-secret", "shop=s3cret").start()
+    yield b
+    b.stop()
+
+
+async def test_metrics_count_the_traffic(broker: BrokerProcess) -> None:
+    async with await Client.connect(broker.url) as c, httpx.AsyncClient(base_url=broker.http) as h:
+        await c.create_topic("orders", queues=2)
+        for i in range(5):
+            await c.send("orders", b"x" * 100, key=f"o{i}")
+        pending = await c.prepare(
+            "orders",
+            b"half",
+            producer_group="shop",
+            check_url="http://127.0.0.1:9/check",
+            timeout_ms=600_000,  # no check is due while the test runs
+        )
+        committed = await c.prepare(
+            "orders",
+            b"whole",
+            producer_group="shop",
+            check_url="http://127.0.0.1:9/check",
+            timeout_ms=600_000,
+        )
+        await committed.commit()
+        rolled = await c.prepare(
+            "orders",
+            b"never",
+            producer_group="shop",
+            check_url="http://127.0.0.1:9/check",
+            timeout_ms=600_000,
+        )
+        await rolled.rollback()
+        async with Consumer(c, "billing", "orders") as consumer:
+            got = []
+            while len(got) < 6:  # bounded by fetch's timeout: an empty fetch ends the test
+                batch = await consumer.fetch(timeout_ms=2000)
+                assert batch, f"only {len(got)} of 6 messages delivered"
+                got.extend(batch)
+            for m in got[:4]:
+                m.ack()
+            await consumer.commit()
+            m = await scrape(h)
+        assert pending.tx_id
+
+    sent = {"messaging_system": "txbroker", "messaging_destination_name": "orders"}
+    assert value(m, "messaging_client_sent_messages_total", **sent) == 6  # 5 + the committed
+    group = {**sent, "messaging_consumer_group_name": "billing"}
+    consumed = value(m, "messaging_client_consumed_messages_total", **group)
+    lags = [
+        value(
+            m,
+            "txbroker_consumer_lag",
+            messaging_destination_name="orders",
+            messaging_consumer_group_name="billing",
+            messaging_destination_partition_id=str(q),
+        )
+        for q in (0, 1)
+    ]
+    # Acks commit each queue's contiguous prefix: consumed and lag always add up to the total.
+    assert 1 <= consumed <= 4 and consumed + sum(lags) == 6
+    assert value(m, "txbroker_tx_pending") == 1
+    assert value(m, "txbroker_tx_parked") == 0
+    assert value(m, "txbroker_tx_prepared_total") == 3
+    assert value(m, "txbroker_tx_ended_total", txbroker_tx_decision="commit") == 1
+    assert value(m, "txbroker_tx_ended_total", txbroker_tx_decision="rollback") == 1
+    assert value(m, "txbroker_store_size_bytes") >= 7 * 100
+    assert value(m, "txbroker_store_flushed_bytes") == value(m, "txbroker_store_size_bytes")
+    fsyncs = value(m, "txbroker_store_fsyncs_total")
+    assert fsyncs >= 1
+    assert value(m, "txbroker_store_fsync_duration_seconds_count") == fsyncs
+    assert value(m, "txbroker_store_fsync_duration_seconds_sum") > 0
+    assert value(m, "txbroker_server_connections") == 1

@@ -1,0 +1,241 @@
+"""The broker's metrics, through OpenTelemetry, exported for Prometheus at ``/metrics``.
+
+Almost every instrument is *observable*: its callback reads counters the broker keeps anyway
+(end offsets, committed offsets, the coordinator's counters, the checker's outcomes) when a
+scrape collects, so the produce and consume paths do no metric work at all. The two histograms
+are fed off the hot path too: fsync latencies are drained from the group commit's list of
+measured syncs, and check latencies are recorded when a back-check ends (a slow path already).
+
+Names follow the OpenTelemetry messaging conventions where one exists
+(``messaging.client.sent.messages``, ``messaging.client.consumed.messages``); the rest are
+``txbroker.*``. docs/operations.md lists every one with its type, unit and attributes.
+
+The SDK and the Prometheus exporter come with the ``otel`` extra; without them the instruments
+are the API's no-ops and ``/metrics`` answers 503 naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from txbroker.server.admin import Admin
+from txbroker.server.groups import GroupCoordinator
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import MessageStore
+from txbroker.tx.checker import BackChecker
+from txbroker.tx.coordinator import TxCoordinator
+from txbroker.tx.state import TxState
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["BrokerMetrics", "CONTENT_TYPE"]
+
+SYSTEM = "txbroker"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Seconds; fsyncs of a healthy disk take 0.1-10 ms, a check-back one HTTP round trip.
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+CHECK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _gauge(value: Callable[[], int | float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value())]
+
+    return callback
+
+
+class BrokerMetrics:
+    """The instruments of one broker, on their own meter provider and Prometheus registry (two
+    brokers in one process, as in tests, keep their numbers apart)."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicRegistry,
+        groups: GroupCoordinator,
+        admin: Admin,
+        tx: TxCoordinator,
+        checker: BackChecker,
+        gauges: dict[str, tuple[str, Callable[[], int]]] | None = None,
+    ) -> None:
+        self._store, self._topics, self._groups, self._admin = store, topics, groups, admin
+        self._tx, self._checker = tx, checker
+        self._fsyncs_seen = 0
+        self.registry: CollectorRegistry | None = None
+        meter = self._meter()
+        self._instruments(meter, gauges or {})
+
+    def _meter(self) -> Meter:
+        try:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.resources import Resource
+            from prometheus_client import CollectorRegistry
+        except ImportError:
+            from opentelemetry.metrics import get_meter
+
+            return get_meter("txbroker.broker")
+        self.registry = CollectorRegistry(auto_describe=True)
+        reader = PrometheusMetricReader(registry=self.registry)
+        resource = Resource.create({"service.name": "txbroker-broker"})
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
+        return self._provider.get_meter("txbroker.broker")
+
+    def _instruments(self, m: Meter, gauges: dict[str, tuple[str, Callable[[], int]]]) -> None:
+        m.create_observable_counter(
+            "messaging.client.sent.messages",
+            [self._sent],
+            unit="{message}",
+            description="Messages stored in each topic (committed transactional ones included).",
+        )
+        m.create_observable_counter(
+            "messaging.client.consumed.messages",
+            [self._consumed],
+            unit="{message}",
+            description="Messages each consumer group has committed, per topic.",
+        )
+        m.create_observable_gauge(
+            "txbroker.consumer.lag",
+            [self._lag],
+            unit="{message}",
+            description="Messages past a group's committed offset, per queue.",
+        )
+        m.create_observable_gauge(
+            "txbroker.tx.pending",
+            [_gauge(lambda: self._tx.count(TxState.PREPARED))],
+            unit="{transaction}",
+            description="Half messages waiting for their commit or rollback.",
+        )
+        m.create_observable_gauge(
+            "txbroker.tx.parked",
+            [_gauge(lambda: self._tx.count(TxState.PARKED))],
+            unit="{transaction}",
+            description="Transactions the back-checks gave up on; an operator resolves them.",
+        )
+        m.create_observable_counter(
+            "txbroker.tx.prepared",
+            [_gauge(lambda: self._tx.counters["prepared"])],
+            unit="{transaction}",
+            description="Half messages prepared.",
+        )
+        m.create_observable_counter(
+            "txbroker.tx.ended",
+            [self._ended],
+            unit="{transaction}",
+            description="Transactions ended, by decision (commit or rollback).",
+        )
+        m.create_observable_counter(
+            "txbroker.tx.checks",
+            [self._checks],
+            unit="{check}",
+            description="Back-checks made, by outcome (the answer, or why there was none).",
+        )
+        m.create_observable_gauge(
+            "txbroker.tx.checks.inflight",
+            [_gauge(lambda: self._checker.inflight)],
+            unit="{check}",
+            description="Back-checks waiting for their answer now.",
+        )
+        m.create_observable_gauge(
+            "txbroker.store.size",
+            [_gauge(lambda: self._store.write_offset)],
+            unit="By",
+            description="Bytes appended to the commit log.",
+        )
+        m.create_observable_gauge(
+            "txbroker.store.flushed",
+            [_gauge(lambda: self._store.flushed_offset)],
+            unit="By",
+            description="Bytes of the commit log an fdatasync made durable.",
+        )
+        m.create_observable_counter(
+            "txbroker.store.fsyncs",
+            [_gauge(lambda: self._store.committer.fsync_count)],
+            unit="{fsync}",
+            description="fdatasyncs of the commit log (each covers a group of records).",
+        )
+        for name, (description, value) in gauges.items():
+            m.create_observable_gauge(name, [_gauge(value)], unit="1", description=description)
+        self._fsync = m.create_histogram(
+            "txbroker.store.fsync.duration",
+            unit="s",
+            description="Group commit: from a group's request to its fdatasync's end.",
+            explicit_bucket_boundaries_advisory=FSYNC_BUCKETS,
+        )
+        self._check = m.create_histogram(
+            "txbroker.tx.check.duration",
+            unit="s",
+            description="Back-check latency, by outcome.",
+            explicit_bucket_boundaries_advisory=CHECK_BUCKETS,
+        )
+        self._checker.on_checked = self._checked
+
+    def _checked(self, outcome: str, seconds: float) -> None:
+        self._check.record(seconds, {"txbroker.check.outcome": outcome})
+
+    def drain_fsyncs(self) -> None:
+        """Record the fsyncs measured since the last call (a scrape, or the once-a-second
+        housekeeping) into the histogram: the group commit only appends to a list."""
+        seen = self._store.committer.fsync_seconds
+        for s in seen[self._fsyncs_seen :]:
+            self._fsync.record(s)
+        self._fsyncs_seen = len(seen)
+
+    def exposition(self) -> bytes | None:
+        """The Prometheus text of every instrument; None without the otel extra."""
+        if self.registry is None:
+            return None
+        from prometheus_client import generate_latest
+
+        self.drain_fsyncs()
+        return generate_latest(self.registry)
+
+    def shutdown(self) -> None:
+        provider = getattr(self, "_provider", None)
+        if provider is not None:
+            provider.shutdown()
+
+    # Callbacks: each reads what the broker already counts, at collection time.
+
+    def _sent(self, _: CallbackOptions) -> Iterable[Observation]:
+        for t in self._topics.list():
+            end = sum(o.max_offset for o in self._admin.offsets(t))
+            yield Observation(
+                end, {"messaging.system": SYSTEM, "messaging.destination.name": t.name}
+            )
+
+    def _consumed(self, _: CallbackOptions) -> Iterable[Observation]:
+        for g in self._admin.groups():
+            yield Observation(
+                sum(q.committed or 0 for q in g.queues),
+                {
+                    "messaging.system": SYSTEM,
+                    "messaging.destination.name": g.topic,
+                    "messaging.consumer.group.name": g.group,
+                },
+            )
+
+    def _lag(self, _: CallbackOptions) -> Iterable[Observation]:
+        for g in self._admin.groups():
+            for q in g.queues:
+                yield Observation(
+                    q.lag,
+                    {
+                        "messaging.destination.name": g.topic,
+                        "messaging.consumer.group.name": g.group,
+                        "messaging.destination.partition.id": str(q.queue),
+                    },
+                )
+
+    def _ended(self, _: CallbackOptions) -> Iterable[Observation]:
+        c = self._tx.counters
+        yield Observation(c["committed"], {"txbroker.tx.decision": "commit"})
+        yield Observation(c["rolled_back"], {"txbroker.tx.decision": "rollback"})
+
+    def _checks(self, _: CallbackOptions) -> Iterable[Observation]:
+        for outcome, n in sorted(self._checker.outcomes.items()):
+            yield Observation(n, {"txbroker.check.outcome": outcome})
