@@ -1,7 +1,7 @@
 """`txbroker group list|describe`: consumer groups, their members and their lag per queue.
 
 The broker computes the lag (the OFFSETS request; the same figures as ``GET /v1/groups`` and
-``txb_group_lag`` in /metrics): messages past the group's committed offset in each queue.
+``txbroker_consumer_lag`` in /metrics): messages past the group's committed offset in each queue.
 """
 
 from __future__ import annotations
