@@ -3,6 +3,8 @@ values the traffic of the test produced."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,3 +113,44 @@ async def test_metrics_count_the_traffic(broker: BrokerProcess) -> None:
     assert value(m, "txbroker_store_fsync_duration_seconds_count") == fsyncs
     assert value(m, "txbroker_store_fsync_duration_seconds_sum") > 0
     assert value(m, "txbroker_server_connections") == 1
+
+
+async def test_check_outcomes_and_latency(tmp_path: Path) -> None:
+    # Checks due at once, against a port nobody listens on: each is "unreachable" (a check that
+    # was never sent does not count towards parking, so the transaction stays pending).
+    b = BrokerProcess(
+        tmp_path / "broker",
+        "--tx-secret",
+        "shop=s3cret",
+        "--check-backoff-base-ms",
+        "50",
+        "--check-backoff-cap-ms",
+        "50",
+    ).start()
+    try:
+        async with await Client.connect(b.url) as c, httpx.AsyncClient(base_url=b.http) as h:
+            await c.create_topic("orders", queues=1)
+            await c.prepare(
+                "orders",
+                b"half",
+                producer_group="shop",
+                check_url="http://127.0.0.1:9/check",
+                timeout_ms=50,
+            )
+            deadline = time.monotonic() + 30
+            while (checks := _unreachable(m := await scrape(h))) < 2:
+                assert time.monotonic() < deadline, f"{checks} checks in 30 s"
+                await asyncio.sleep(0.1)  # polling the broker's state: the condition under test
+    finally:
+        b.stop()
+    outcome = {"txbroker_check_outcome": "unreachable"}
+    # One scrape: the counter and the histogram are told of each check at the same moment.
+    assert value(m, "txbroker_tx_check_duration_seconds_count", **outcome) == checks
+    assert 0 < value(m, "txbroker_tx_check_duration_seconds_sum", **outcome) < 30 * checks
+    assert value(m, "txbroker_tx_pending") == 1 and value(m, "txbroker_tx_parked") == 0
+
+
+def _unreachable(m: Samples) -> float:
+    return m.get(
+        ("txbroker_tx_checks_total", frozenset({("txbroker_check_outcome", "unreachable")})), 0
+    )
