@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from txbroker.errors import TxbError
 from txbroker.runtime.signals import stop_on_signals
+from txbroker.runtime.tracing import setup_tracing
 from txbroker_outbox.relay import Relay
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import async_url, create_engine
@@ -36,6 +37,7 @@ async def relay_main(
     poll_interval_s: float,
     auth_token: str | None,
 ) -> None:
+    setup_tracing("txbroker-outbox-relay")  # only when OTEL_* asks for traces
     url = async_url(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
     engine = create_engine(url)  # SQLite: WAL and a busy timeout, beside the service

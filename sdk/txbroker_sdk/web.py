@@ -54,6 +54,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 
 from txbroker.errors import InvalidArgument, TxbError
+from txbroker.runtime.tracing import flush_tracing, setup_tracing
 from txbroker_sdk.barrier import mount
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import create_engine
@@ -269,7 +270,9 @@ class TxbService:
         if self._running is not None:
             raise InvalidArgument("this service is running already (one app per TxbService)")
         deadline = _Deadline(self.shutdown_timeout_s)  # counts from the first cleanup
+        setup_tracing(self.producer_group or "txbroker-service")  # only if OTEL_* asks
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(flush_tracing)  # the last spans leave before the process does
             engine = await self._open_database(stack)
             running = _Running(engine, async_sessionmaker(engine, expire_on_commit=False))
             self._running = running

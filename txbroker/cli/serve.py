@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from txbroker.cli.common import Subparsers, positive, run
+from txbroker.runtime.tracing import setup_tracing
 
 if TYPE_CHECKING:
     from txbroker.server.config import ServerConfig
@@ -133,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = config_from_args(args, os.environ)
+    setup_tracing("txbroker")  # only when OTEL_* asks for traces
     log.info(
         "back-checks: first after %d ms, then every %d..%d ms; parked after %d checks",
         config.tx_timeout_ms,
