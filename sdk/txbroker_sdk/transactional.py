@@ -27,12 +27,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import msgspec
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from txbroker.errors import TxbError
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import TxEndRequest
+from txbroker.runtime import tracing as tr
+from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
 from txbroker_sdk.barrier import record_commit
 from txbroker_sdk.client import Client, prepare_request
@@ -109,6 +112,54 @@ class TxPublisher:
         encode: Callable[[Any], bytes],
     ) -> R:
         tx_id = new_id()
+        if not tracing_on():  # the common case: no span, no traceparent, no attributes
+            return await self._run_tx(
+                tx_id, None, topic, fn, args, kwargs, key, tags, headers, delay_s, encode
+            )
+        # The PRODUCER span covers the database transaction, the PREPARE and the END_TX post;
+        # its traceparent travels with the PREPARE (the half message keeps it for consumers).
+        attrs = {
+            tr.SYSTEM: tr.MESSAGING_SYSTEM,
+            tr.DESTINATION: topic,
+            tr.OPERATION_TYPE: "send",
+            tr.OPERATION_NAME: "send",
+            tr.TX_ID: tx_id,
+            tr.TX_PHASE: "prepare",
+            tr.PRODUCER_GROUP: self.producer_group,
+        }
+        with tr.tracer(__name__).start_as_current_span(
+            f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs
+        ) as span:
+            result = await self._run_tx(
+                tx_id,
+                tr.traceparent(),
+                topic,
+                fn,
+                args,
+                kwargs,
+                key,
+                tags,
+                headers,
+                delay_s,
+                encode,
+            )
+            span.set_attribute(tr.TX_PHASE, "commit")  # the database committed; END_TX posted
+            return result
+
+    async def _run_tx(
+        self,
+        tx_id: str,
+        traceparent: str | None,
+        topic: str,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str | Callable[[Any], str | None] | None,
+        tags: str | None,
+        headers: dict[str, str] | None,
+        delay_s: float | None,
+        encode: Callable[[Any], bytes],
+    ) -> R:
         prepared: asyncio.Future[Any] | None = None
         committing = False
         try:
@@ -127,6 +178,7 @@ class TxPublisher:
                     key=msg_key,
                     tags=tags,
                     headers=headers,
+                    traceparent=traceparent,
                     timeout_ms=self._timeout_ms,
                     deliver_at_ms=deliver_at,
                 )

@@ -18,8 +18,8 @@ import os
 from collections.abc import Mapping
 
 from opentelemetry import trace
-from opentelemetry.propagate import extract, inject
 from opentelemetry.context import Context
+from opentelemetry.propagate import extract, inject
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ PRODUCER_GROUP = "txbroker.producer_group"
 
 class _State:
     on = False  # a real TracerProvider was set by setup_tracing (or by the application)
+    provider: trace.TracerProvider | None = None  # use_provider's, instead of the global one
 
 
 def tracing_on() -> bool:
@@ -94,7 +95,19 @@ def flush_tracing() -> None:
         flush()
 
 
+def use_provider(provider: trace.TracerProvider | None) -> None:
+    """Record spans with ``provider`` without making it the process's global one (tests, an
+    application with several providers); None goes back to the global provider."""
+    _State.provider = provider
+    _State.on = provider is not None or type(trace.get_tracer_provider()).__name__ not in (
+        "ProxyTracerProvider",
+        "NoOpTracerProvider",
+    )
+
+
 def tracer(name: str) -> trace.Tracer:
+    if _State.provider is not None:
+        return _State.provider.get_tracer(name)
     return trace.get_tracer(name)
 
 
