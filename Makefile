@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 # Debian packages the project uses beside its Python ones: the JDBC drivers Spark reads the
 # services' tables with, Java for Spark, and Chromium for the tests that look at pages.
-DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus
+DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus docker-compose
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
