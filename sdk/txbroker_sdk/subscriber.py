@@ -43,9 +43,12 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from txbroker.errors import InvalidArgument, TxbError
+from txbroker.runtime import tracing as tr
+from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
 from txbroker_sdk.client import Client
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
@@ -100,6 +103,29 @@ async def apply_once(
 ) -> bool:
     """Run ``handler`` for ``msg`` unless this group already applied it; True if it ran.
     The inbox row and the handler's writes commit together or not at all."""
+    if tracing_on():  # a CONSUMER span, the child of the producer's (its traceparent header)
+        m = msg.msg
+        attrs = {
+            tr.SYSTEM: tr.MESSAGING_SYSTEM,
+            tr.DESTINATION: m.topic,
+            tr.OPERATION_TYPE: "process",
+            tr.OPERATION_NAME: "process",
+            tr.MESSAGE_ID: m.message_id,
+            tr.CONSUMER_GROUP: group,
+        }
+        with tr.tracer(__name__).start_as_current_span(
+            f"process {m.topic}",
+            context=tr.context_from(m.headers.get("traceparent")),
+            kind=SpanKind.CONSUMER,
+            attributes=attrs,
+        ):
+            return await _apply_once(sessions, group, msg, handler)
+    return await _apply_once(sessions, group, msg, handler)
+
+
+async def _apply_once(
+    sessions: async_sessionmaker[AsyncSession], group: str, msg: ConsumedMessage, handler: Handler
+) -> bool:
     async with sessions() as session, session.begin():
         row = {"consumer_group": group, "message_id": msg.msg.message_id}
         inbox = insert_if_absent(INBOX, session.get_bind().dialect.name)

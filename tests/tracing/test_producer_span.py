@@ -1,5 +1,7 @@
-"""@transactional's PRODUCER span: a real broker and database; the span's traceparent travels
-with the PREPARE, and with tracing off no traceparent is sent."""
+"""@transactional's PRODUCER span and a subscriber's CONSUMER span: a real broker and database.
+The producer span's traceparent travels with the PREPARE, the broker hands it to consumers as
+the message's ``traceparent`` header, and the ``process`` span is its child. With tracing off no
+traceparent is sent and no span recorded."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from tests.tx.conftest import GROUP, tx_broker
 from txbroker.protocol.frames import Opcode
 from txbroker.runtime import tracing
-from txbroker_sdk import Client
+from txbroker_sdk import Client, Consumer
+from txbroker_sdk.consumer import ConsumedMessage
+from txbroker_sdk.subscriber import apply_once
 from txbroker_sdk.transactional import TxPublisher
 
 ORDERS = sa.Table("orders", sa.MetaData(), sa.Column("id", sa.String(32), primary_key=True))
@@ -36,7 +40,11 @@ def spans() -> Iterator[InMemorySpanExporter]:
         tracing.use_provider(None)
 
 
-async def _place(engine: AsyncEngine, tmp_path: Path, sent: list[Any]) -> None:
+async def _noop(session: AsyncSession, msg: ConsumedMessage) -> None:
+    pass
+
+
+async def _place(engine: AsyncEngine, tmp_path: Path, sent: list[Any], handled: list[Any]) -> None:
     async with engine.begin() as conn:
         await conn.run_sync(ORDERS.metadata.create_all)
     broker = tx_broker(tmp_path / "broker").start()
@@ -62,6 +70,11 @@ async def _place(engine: AsyncEngine, tmp_path: Path, sent: list[Any]) -> None:
 
             await place("o1")
             await pub.flush(10)
+            async with Consumer(c, "billing", "orders") as consumer:
+                (msg,) = await consumer.fetch(timeout_ms=5000)
+                handled.append(msg.msg)
+                assert await apply_once(async_sessionmaker(engine), "billing", msg, _noop)
+                msg.ack()
     finally:
         broker.stop()
 
@@ -70,8 +83,9 @@ async def test_send_span_is_a_producer_span_with_semconv_attributes(
     engine: AsyncEngine, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
     sent: list[Any] = []
-    await _place(engine, tmp_path, sent)
-    (span,) = spans.get_finished_spans()
+    handled: list[Any] = []
+    await _place(engine, tmp_path, sent, handled)
+    span, process = sorted(spans.get_finished_spans(), key=lambda s: s.kind != SpanKind.PRODUCER)
     assert span.name == "send orders" and span.kind == SpanKind.PRODUCER
     attrs = dict(span.attributes or {})
     assert attrs["messaging.system"] == "txbroker"
@@ -83,10 +97,22 @@ async def test_send_span_is_a_producer_span_with_semconv_attributes(
     assert attrs["txbroker.tx_id"] == prepare.tx_id
     ctx = span.get_span_context()
     assert prepare.traceparent.startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+    (pulled,) = handled
+    assert pulled.headers["traceparent"] == prepare.traceparent
+    assert process.name == "process orders" and process.kind == SpanKind.CONSUMER
+    assert process.parent is not None and process.parent.span_id == ctx.span_id
+    assert process.get_span_context().trace_id == ctx.trace_id
+    pattrs = dict(process.attributes or {})
+    assert pattrs["messaging.operation.type"] == "process"
+    assert pattrs["messaging.consumer.group.name"] == "billing"
+    assert pattrs["messaging.message.id"] == pulled.message_id
+    assert pattrs["messaging.destination.name"] == "orders"
 
 
 async def test_tracing_off_sends_no_traceparent(engine: AsyncEngine, tmp_path: Path) -> None:
     assert not tracing.tracing_on()
     sent: list[Any] = []
-    await _place(engine, tmp_path, sent)
+    handled: list[Any] = []
+    await _place(engine, tmp_path, sent, handled)
     assert [p.traceparent for p in sent] == [None]
+    assert "traceparent" not in handled[0].headers

@@ -35,6 +35,7 @@ from txbroker.server.retry import (
 )
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import PROP_KEYS, MessageStore, StoredMessage
+from txbroker.tx.state import PROP_TRACEPARENT
 
 __all__ = ["MAX_HOLD_MS", "MAX_PULL_MESSAGES", "ConsumerService"]
 
@@ -196,6 +197,9 @@ class ConsumerService:
 def _pulled(m: StoredMessage) -> PulledMessage:
     props = m.properties
     headers = {k[len(HEADER_PREFIX) :]: v for k, v in props.items() if k.startswith(HEADER_PREFIX)}
+    tp = props.get(PROP_TRACEPARENT)
+    if tp is not None:  # the producer's span: a consumer's span continues its trace
+        headers["traceparent"] = tp
     return PulledMessage(
         message_id=m.message_id or "",
         topic=props.get(PROP_ORIGINAL_TOPIC, m.topic),
