@@ -34,6 +34,8 @@ from txbroker.errors import InvalidArgument, TxbError
 from txbroker_outbox.writer import CHANNEL
 from txbroker_sdk import faults
 from txbroker_sdk.client import Client
+from txbroker_sdk.errors import TablesMissing
+from txbroker_sdk.preflight import TablesChecked
 from txbroker_sdk.tables import OUTBOX
 
 __all__ = ["Relay"]
@@ -93,6 +95,9 @@ class Relay:
         self._pg = engine.dialect.name == "postgresql"
         self._wake = asyncio.Event()
         self.listening = asyncio.Event()  # set while a PostgreSQL LISTEN is in place
+        # The outbox table is looked for before the first round (again after a failed look):
+        # a database never migrated stops the relay saying to run `txbroker db upgrade`.
+        self._tables = TablesChecked(engine, OUTBOX)
         self.published = 0  # rows this relay marked published (duplicates included)
         self.duplicates = 0  # of those, sends the broker already had (a resend)
         self.failed = 0  # sends that failed (the row stays for a later round)
@@ -117,6 +122,8 @@ class Relay:
                 self._wake.clear()
                 try:
                     r: _Round | None = await self._round()
+                except TablesMissing:
+                    raise  # no outage to outlive: nothing works until the tables exist
                 except Exception as e:  # the relay must outlive a database or broker outage
                     self.errors += 1
                     known = isinstance(e, TxbError | SQLAlchemyError | OSError)
@@ -137,6 +144,8 @@ class Relay:
             await asyncio.gather(stopper, *([listener] if listener else []), return_exceptions=True)
 
     async def _round(self) -> _Round:
+        if not self._tables.done:
+            await self._tables()
         if not self._client.connected:
             # Reconnect before claiming, not while holding row locks (or SQLite's write lock).
             await self._client.ping()

@@ -10,7 +10,6 @@ import contextlib
 import sys
 from typing import Final
 
-from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -20,6 +19,7 @@ from txbroker.runtime.tracing import setup_tracing
 from txbroker_outbox.relay import Relay
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import async_url, create_engine
+from txbroker_sdk.preflight import require_tables
 from txbroker_sdk.tables import OUTBOX
 
 __all__ = ["PROGRESS_INTERVAL_S", "relay_main"]
@@ -54,14 +54,10 @@ async def relay_main(
         # Check both ends before saying "started": a wrong URL, a database without the
         # tables or a wrong token fails the start, visibly, instead of every round.
         try:
-            async with engine.connect() as conn:
-                await conn.scalar(select(OUTBOX.c.id).limit(1))
+            await require_tables(engine, OUTBOX)  # TablesMissing: says to run `db upgrade`
         except (SQLAlchemyError, OSError) as e:
             reason = getattr(e, "orig", None) or e  # the driver's message, without the SQL
-            raise TxbError(
-                f"cannot read the outbox in {shown} ({reason!r}); "
-                "is the database up, and migrated with `txbroker db upgrade`?"
-            ) from e
+            raise TxbError(f"cannot reach the database {shown} ({reason!r}); is it up?") from e
         await client.ping()  # a broker still starting gets the client's reconnect window
         stop = stop_on_signals()
         print(

@@ -29,14 +29,9 @@ from txbroker.errors import (
     TxbError,
     Unauthenticated,
 )
-from txbroker_sdk.client import (
-    Client,
-    ConnectionClosed,
-    RequestTimeout,
-    Transaction,
-    parse_server_url,
-)
+from txbroker_sdk.client import Client, Transaction, parse_server_url
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout, TablesMissing
 
 if TYPE_CHECKING:
     from txbroker.runtime.httpserve import HttpServer, serving
@@ -113,6 +108,7 @@ __all__ = [
     # errors (one root: TxbError)
     "TxbError",
     "BadRequest",
+    "BrokerUnreachable",
     "ConnectionClosed",
     "InvalidArgument",
     "InvalidName",
@@ -121,6 +117,7 @@ __all__ = [
     "NotStarted",
     "RequestTimeout",
     "StaleGeneration",
+    "TablesMissing",
     "TooManyTransactions",
     "TopicExists",
     "TransactionConflict",

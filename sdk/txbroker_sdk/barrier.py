@@ -27,6 +27,7 @@ from starlette.routing import Route
 from txbroker.errors import TxbError
 from txbroker_checkback.contract import CheckRequest, CheckStatus
 from txbroker_checkback.endpoint import CheckbackEndpoint
+from txbroker_sdk.preflight import TablesChecked
 from txbroker_sdk.tables import LOCAL_TX, insert_if_absent
 
 __all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
@@ -121,8 +122,13 @@ class BarrierResolver:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        # Looked for on the first check (mount() runs before any event loop): a database never
+        # migrated answers 500 with the error logged, saying to run `txbroker db upgrade`.
+        self._tables = TablesChecked(engine, LOCAL_TX)
 
     async def __call__(self, check: CheckRequest) -> CheckStatus:
+        if not self._tables.done:
+            await self._tables()
         row = {
             "tx_id": check.tx_id,
             "state": ROLLED_BACK,

@@ -49,9 +49,8 @@ from txbroker.protocol.messages import (
     encode_body,
 )
 from txbroker.runtime.turnwriter import TurnWriter
+from txbroker_sdk.errors import ConnectionClosed, RequestTimeout
 from txbroker_sdk.requests import (
-    ConnectionClosed,
-    RequestTimeout,
     Transaction,
     parse_server_url,
     prepare_request,

@@ -1,12 +1,12 @@
 """What a client sends, built without a connection: the broker's address parsed, a PREPARE
-request, the errors a request can end with, and the handle of a prepared transaction."""
+request, and the handle of a prepared transaction."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
-from txbroker.errors import InvalidArgument, TxbError
+from txbroker.errors import InvalidArgument
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import TxEndResponse, TxPrepareRequest
 
@@ -15,24 +15,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
-    "ConnectionClosed",
-    "RequestTimeout",
     "Transaction",
     "parse_server_url",
     "prepare_request",
 ]
 
 DEFAULT_PORT: Final = 9876
-
-
-class ConnectionClosed(TxbError):
-    code = "CONNECTION_CLOSED"
-    retriable = True
-
-
-class RequestTimeout(TxbError):
-    code = "REQUEST_TIMEOUT"
-    retriable = True
 
 
 def parse_server_url(url: str) -> tuple[str, int]:

@@ -53,6 +53,7 @@ from txbroker_sdk import faults
 from txbroker_sdk.client import Client
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
 from txbroker_sdk.lanes import Lanes
+from txbroker_sdk.preflight import require_tables
 from txbroker_sdk.tables import INBOX, insert_if_absent
 
 __all__ = ["Handler", "Order", "Subscribers", "apply_once", "check_handler"]
@@ -206,7 +207,10 @@ class Subscribers:
         return sum(lanes.admitted for lanes in self._lanes)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume every subscription until ``stop`` is set; running handlers finish first."""
+        """Consume every subscription until ``stop`` is set; running handlers finish first.
+        A database without the inbox table fails here (:class:`TablesMissing`), not per
+        message."""
+        await require_tables(self._sessions, INBOX)
         async with self._sessions() as session:
             single_writer = session.get_bind().dialect.name == "sqlite"
         gate = asyncio.Lock() if single_writer else None

@@ -39,6 +39,8 @@ from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
 from txbroker_sdk.barrier import record_commit
 from txbroker_sdk.client import Client, prepare_request
+from txbroker_sdk.preflight import TablesChecked
+from txbroker_sdk.tables import LOCAL_TX
 
 __all__ = ["TxPublisher", "encode_body"]
 
@@ -75,6 +77,9 @@ class TxPublisher:
         self.producer_group = producer_group
         self.check_url = check_url
         self._timeout_ms = timeout_ms
+        # The barrier table is looked for once, on the first transaction (a publisher has no
+        # start of its own): a database never migrated fails saying to run `db upgrade`.
+        self._tables = TablesChecked(sessionmaker, LOCAL_TX)
 
     def transactional(
         self,
@@ -111,6 +116,8 @@ class TxPublisher:
         delay_s: float | None,
         encode: Callable[[Any], bytes],
     ) -> R:
+        if not self._tables.done:
+            await self._tables()
         tx_id = new_id()
         if not tracing_on():  # the common case: no span, no traceparent, no attributes
             return await self._run_tx(

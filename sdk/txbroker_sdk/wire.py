@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from txbroker.errors import ProtocolError
 from txbroker.protocol.codec import FrameDecoder
-from txbroker_sdk.requests import ConnectionClosed
+from txbroker_sdk.errors import ConnectionClosed
 
 if TYPE_CHECKING:
     from txbroker_sdk.client import Client
