@@ -18,9 +18,10 @@ import functools
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 from txbroker.errors import (
+    InvalidArgument,
     TopicExists,
     TxbError,
     error_class,
@@ -49,7 +50,7 @@ from txbroker.protocol.messages import (
     encode_body,
 )
 from txbroker.runtime.turnwriter import TurnWriter
-from txbroker_sdk.errors import ConnectionClosed, RequestTimeout
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
 from txbroker_sdk.requests import (
     Transaction,
     parse_server_url,
@@ -58,6 +59,8 @@ from txbroker_sdk.requests import (
 from txbroker_sdk.wire import Wire
 
 __all__ = [
+    "DEFAULT_CONNECT_DEADLINE_S",
+    "BrokerUnreachable",
     "Client",
     "ConnectionClosed",
     "RequestTimeout",
@@ -68,14 +71,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# How long the first connection is retried by default: long enough for a broker that starts
+# beside the service (compose, a test), short enough that a wrong address fails the start.
+DEFAULT_CONNECT_DEADLINE_S: Final = 10.0
 # Deadlines are checked this often: a timeout fires at most this much late.
 SWEEP_INTERVAL_S = 0.05
 
 
 class Client:
-    """One connection to the broker. When the connection drops, requests in flight fail with
-    :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency key); the next
-    request reconnects, backing off exponentially, for up to ``reconnect_s`` seconds."""
+    """One connection to the broker, made by :meth:`connect` or by the first request. The first
+    connection is tried for up to ``connect_deadline_s`` (a broker still starting is waited
+    for; 0: one attempt), each failed attempt logged as a WARNING, then
+    :class:`BrokerUnreachable` names the address. When the connection drops, requests in flight
+    fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
+    key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
+    seconds."""
 
     def __init__(
         self,
@@ -84,12 +94,21 @@ class Client:
         auth_token: str | None = None,
         timeout_s: float = 10.0,
         reconnect_s: float = 30.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
     ) -> None:
+        for name, value in (
+            ("connect_deadline_s", connect_deadline_s),
+            ("reconnect_s", reconnect_s),
+        ):
+            if not value >= 0:
+                raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
         self._url = url
         self._host, self._port = parse_server_url(url)
         self._token = auth_token
         self._timeout_s = timeout_s
         self._reconnect_s = reconnect_s
+        self.connect_deadline_s = connect_deadline_s
+        self._connected_once = False  # later connections are reconnects (``reconnect_s``)
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # Request deadlines are checked by one sweeper task rather than a timer per request:
         # a timer per request cost as much as the request itself in the client's profile.
@@ -117,12 +136,18 @@ class Client:
         auth_token: str | None = None,
         timeout_s: float = 10.0,
         reconnect_s: float = 30.0,
-        connect_deadline_s: float = 0.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
     ) -> Client:
-        """Connect now. With ``connect_deadline_s`` > 0 a broker that is not there yet (still
-        starting) is retried until then, each failed attempt logged as a WARNING; 0 tries once.
-        Either way :class:`ConnectionClosed` names the address when it gives up."""
-        client = cls(url, auth_token=auth_token, timeout_s=timeout_s, reconnect_s=reconnect_s)
+        """Connect now, retrying a broker that is not there yet (still starting) for up to
+        ``connect_deadline_s``, each failed attempt logged as a WARNING; 0 tries once. Then
+        :class:`BrokerUnreachable` names the address."""
+        client = cls(
+            url,
+            auth_token=auth_token,
+            timeout_s=timeout_s,
+            reconnect_s=reconnect_s,
+            connect_deadline_s=connect_deadline_s,
+        )
         await client._dial(connect_deadline_s)
         return client
 
@@ -146,6 +171,7 @@ class Client:
         except BaseException:
             await self._drop()
             raise
+        self._connected_once = True
 
     async def _ensure_connected(self) -> None:
         if self._closed is None:
@@ -155,6 +181,9 @@ class Client:
         async with self._connect_lock:
             if self.connected:
                 return  # another request reconnected meanwhile
+            if not self._connected_once:  # the first connection, made by the first request
+                await self._dial(self.connect_deadline_s)
+                return
             await self._dial(self._reconnect_s)
             self.reconnects += 1
 
@@ -173,10 +202,10 @@ class Client:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     if attempt == 1:
-                        raise
-                    raise ConnectionClosed(
+                        raise BrokerUnreachable(str(e)) from e
+                    raise BrokerUnreachable(
                         f"cannot connect to {self._host}:{self._port} within {deadline_s:g} s "
-                        f"({attempt} attempts): {e}"
+                        f"({attempt} attempts; is the broker running there?): {e.__cause__ or e}"
                     ) from e
                 pause = min(backoff, left)
                 log.warning(
@@ -184,7 +213,7 @@ class Client:
                     self._host,
                     self._port,
                     attempt,
-                    e,
+                    e.__cause__ or e,  # the OS's or the broker's reason, without the address
                     pause,
                 )
             await asyncio.sleep(pause)

@@ -6,6 +6,7 @@ within its grace on SIGTERM)."""
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -17,8 +18,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import ROOT, BrokerProcess
 from tests.sdk.subscriber_child import GRACE_S
-from txbroker_sdk import Client, ConsumedMessage, Subscribers, TxbService
-from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk import (
+    BrokerUnreachable,
+    Client,
+    ConsumedMessage,
+    InvalidArgument,
+    Subscribers,
+    TxbService,
+)
+from txbroker_sdk.client import DEFAULT_CONNECT_DEADLINE_S
 from txbroker_sdk.database import create_engine
 
 
@@ -34,27 +42,38 @@ async def test_connect_retries_are_logged_and_bounded_by_the_deadline(
     port = _closed_port()
     caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
     started = time.monotonic()
-    with pytest.raises(ConnectionClosed, match=rf"127\.0\.0\.1:{port} within 1 s"):
+    with pytest.raises(BrokerUnreachable, match=rf"127\.0\.0\.1:{port} within 1 s"):
         await Client.connect(f"txb://127.0.0.1:{port}", connect_deadline_s=1.0)
     took = time.monotonic() - started
     assert 0.9 <= took < 4.0
-    retries = [r for r in caplog.records if "attempt" in r.getMessage()]
-    assert len(retries) >= 3 and f"127.0.0.1:{port}" in retries[0].getMessage()
+    retries = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(retries) >= 3
+    # each names the address, the attempt, the error and the pause before the next one
+    assert retries[0].startswith(f"broker 127.0.0.1:{port}: attempt 1 failed (")
+    assert re.search(r"\(\[Errno \d+\] .+\); retrying in 0\.05 s$", retries[0]), retries[0]
+    assert f"attempt {len(retries)} failed" in retries[-1]
 
 
-async def test_one_attempt_by_default_and_a_reconnect_is_logged_too(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_the_deadline_is_a_setting_of_the_client(caplog: pytest.LogCaptureFixture) -> None:
     port = _closed_port()
+    address = f"txb://127.0.0.1:{port}"
+    assert Client(address).connect_deadline_s == DEFAULT_CONNECT_DEADLINE_S == 10.0
     started = time.monotonic()
-    with pytest.raises(ConnectionClosed, match=f"cannot connect to 127.0.0.1:{port}"):
-        await Client.connect(f"txb://127.0.0.1:{port}")
-    assert time.monotonic() - started < 2.0  # no silent wait
+    with pytest.raises(BrokerUnreachable, match=f"cannot connect to 127.0.0.1:{port}: "):
+        await Client.connect(address, connect_deadline_s=0)  # one attempt
+    assert time.monotonic() - started < 2.0
+    # A client that connects on first use keeps to its connect deadline, not to the longer
+    # reconnect window of a connection that dropped.
     caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
-    client = Client(f"txb://127.0.0.1:{port}", reconnect_s=0.5)  # connects on first use
-    with pytest.raises(ConnectionClosed, match=r"within 0\.5 s"):
+    client = Client(address, connect_deadline_s=0.5, reconnect_s=60)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnreachable, match=r"within 0\.5 s"):
         await client.ping()
+    assert time.monotonic() - started < 3.0
     assert any("retrying in" in r.getMessage() for r in caplog.records)
+    assert client.reconnects == 0  # a first connection is not a reconnect
+    with pytest.raises(InvalidArgument, match="connect_deadline_s"):
+        Client(address, connect_deadline_s=-1)
 
 
 def _subscribers(sqlite_url: str) -> Subscribers:

@@ -144,7 +144,7 @@ async def test_connecting_to_nothing_is_a_clear_error() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ConnectionClosed, match="cannot connect"):
-        await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=2)
+        await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=2, connect_deadline_s=0)
 
 
 async def test_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
