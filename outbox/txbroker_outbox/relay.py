@@ -15,6 +15,11 @@ With ``ordered`` (the default) rows of one key are published in id order, also a
 row waits while an earlier unpublished row of its key is outside this relay's batch. It wakes on
 PostgreSQL's NOTIFY (sent by :func:`txbroker_outbox.add` when its transaction commits) and
 polls on SQLite.
+
+Stopping is bounded by ``shutdown_timeout_s``: a round in progress when ``stop`` is set gets
+that long to finish (with the broker gone it would keep reconnecting), then is cancelled; its
+rows stay unpublished, and any it had sent are sent again later under the same idempotency
+keys, so the broker stores them once.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ BACKOFF_MAX_S: Final = 5.0
 # A row held back behind another relay's batch is looked at again this soon: that relay
 # commits within one batch's round trips, and it does not notify anyone when it does.
 HELD_RETRY_S: Final = 0.05
+DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 # The relay holds SQLite's write lock while it publishes a batch; others wait this long for it.
 _SQLITE_BUSY: Final = text("PRAGMA busy_timeout = 10000")
 _NAMESPACE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -74,6 +80,7 @@ class Relay:
         batch_size: int = 100,
         ordered: bool = True,
         poll_interval_s: float = 1.0,
+        shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
             raise InvalidArgument(
@@ -84,6 +91,8 @@ class Relay:
             raise InvalidArgument(f"batch_size must be 1-{MAX_BATCH}, not {batch_size}")
         if not poll_interval_s > 0:
             raise InvalidArgument(f"poll_interval_s must be positive, not {poll_interval_s}")
+        if not shutdown_timeout_s > 0:
+            raise InvalidArgument(f"shutdown_timeout_s must be positive, not {shutdown_timeout_s}")
         if engine.dialect.name not in ("postgresql", "sqlite"):
             raise InvalidArgument(f"unsupported database {engine.dialect.name!r}")
         self._client = client
@@ -92,6 +101,7 @@ class Relay:
         self.batch_size = batch_size
         self.ordered = ordered
         self.poll_interval_s = poll_interval_s
+        self.shutdown_timeout_s = shutdown_timeout_s
         self._pg = engine.dialect.name == "postgresql"
         self._wake = asyncio.Event()
         self.listening = asyncio.Event()  # set while a PostgreSQL LISTEN is in place
@@ -112,7 +122,8 @@ class Relay:
         return (await self._round()).published
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Publish until ``stop`` is set; a round in progress finishes first."""
+        """Publish until ``stop`` is set; a round in progress gets ``shutdown_timeout_s`` to
+        finish first."""
         stopper = asyncio.create_task(stop.wait())
         stopper.add_done_callback(lambda _: self._wake.set())
         listener = asyncio.create_task(self._listen()) if self._pg else None
@@ -121,7 +132,9 @@ class Relay:
             while not stop.is_set():
                 self._wake.clear()
                 try:
-                    r: _Round | None = await self._round()
+                    r: _Round | None = await self._round_unless_stopped(stopper)
+                    if r is None:
+                        break  # stopped, the round cut short
                 except TablesMissing:
                     raise  # no outage to outlive: nothing works until the tables exist
                 except Exception as e:  # the relay must outlive a database or broker outage
@@ -142,6 +155,28 @@ class Relay:
                 if task is not None:
                     task.cancel()
             await asyncio.gather(stopper, *([listener] if listener else []), return_exceptions=True)
+
+    async def _round_unless_stopped(self, stopper: asyncio.Task[Any]) -> _Round | None:
+        """One round; once ``stopper`` is done it gets ``shutdown_timeout_s``, then is cancelled
+        (None): with the broker or the database gone a round could wait on its reconnects
+        for longer than any shutdown may take."""
+        round_ = asyncio.ensure_future(self._round())
+        try:
+            await asyncio.wait({round_, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not round_.done():
+                await asyncio.wait({round_}, timeout=self.shutdown_timeout_s)
+        finally:
+            if not round_.done():  # past the grace, or run() itself was cancelled
+                round_.cancel()
+                await asyncio.gather(round_, return_exceptions=True)
+        if round_.cancelled():
+            log.warning(
+                "outbox round still running %s s after the stop: cancelled (rows it sent are "
+                "sent again later under the same idempotency keys)",
+                self.shutdown_timeout_s,
+            )
+            return None
+        return round_.result()
 
     async def _round(self) -> _Round:
         if not self._tables.done:

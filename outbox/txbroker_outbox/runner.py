@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from txbroker.errors import TxbError
 from txbroker.runtime.signals import stop_on_signals
 from txbroker.runtime.tracing import setup_tracing
-from txbroker_outbox.relay import Relay
+from txbroker_outbox.relay import DEFAULT_SHUTDOWN_TIMEOUT_S, Relay
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import async_url, create_engine
 from txbroker_sdk.preflight import require_tables
@@ -36,6 +36,7 @@ async def relay_main(
     ordered: bool,
     poll_interval_s: float,
     auth_token: str | None,
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
 ) -> None:
     setup_tracing("txbroker-outbox-relay")  # only when OTEL_* asks for traces
     url = async_url(db_url)
@@ -50,6 +51,7 @@ async def relay_main(
             batch_size=batch_size,
             ordered=ordered,
             poll_interval_s=poll_interval_s,
+            shutdown_timeout_s=shutdown_timeout_s,
         )
         # Check both ends before saying "started": a wrong URL, a database without the
         # tables or a wrong token fails the start, visibly, instead of every round.
@@ -58,7 +60,7 @@ async def relay_main(
         except (SQLAlchemyError, OSError) as e:
             reason = getattr(e, "orig", None) or e  # the driver's message, without the SQL
             raise TxbError(f"cannot reach the database {shown} ({reason!r}); is it up?") from e
-        await client.ping()  # a broker still starting gets the client's reconnect window
+        await client.ping()  # a broker still starting gets the client's connect deadline
         stop = stop_on_signals()
         print(
             f"outbox relay started namespace={namespace} db={shown} server={server} "

@@ -26,10 +26,13 @@ lock instead would fail after its busy timeout and be retried for nothing).
 Back-pressure: the runner stops fetching while ``4 * concurrency`` messages are waiting or
 running (it pulls 4 at a time), so a slow handler never makes it buffer without bound.
 
-Shutdown: once ``stop`` is set, nothing more is fetched and nothing new starts; running handlers
-get ``shutdown_timeout_s`` to finish and be acknowledged, then are cancelled (their transaction
-rolls back). Offsets are committed on the way out, so what finished is not delivered again;
-what did not finish or never started is redelivered to the group.
+Shutdown, bounded by ``shutdown_timeout_s`` (5 s by default, within ``docker stop``'s 10 s):
+once ``stop`` is set, nothing more is fetched (a fetch waiting on a broker that is gone is
+dropped at once) and nothing new starts; running handlers get the grace to finish and be
+acknowledged, then are cancelled (their transaction rolls back). Offsets are committed in what
+is left of the grace (at least :data:`COMMIT_AT_LEAST_S`), so what finished is not delivered
+again; what did not finish or never started is redelivered to the group (as is what finished,
+if the commit could not be made: the inbox skips it then).
 """
 
 from __future__ import annotations
@@ -56,7 +59,15 @@ from txbroker_sdk.lanes import Lanes
 from txbroker_sdk.preflight import require_tables
 from txbroker_sdk.tables import INBOX, insert_if_absent
 
-__all__ = ["Handler", "Order", "Subscribers", "apply_once", "check_handler"]
+__all__ = [
+    "COMMIT_AT_LEAST_S",
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
+    "Handler",
+    "Order",
+    "Subscribers",
+    "apply_once",
+    "check_handler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +83,10 @@ _ADMIT_PER_SLOT: Final = 4
 _PULL: Final = _ADMIT_PER_SLOT
 # Retrying a fetch while the broker is unreachable: doubling from 0.1 s up to this.
 _MAX_BACKOFF_S: Final = 5.0
+DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
+# Committing offsets on the way out gets the rest of the grace, but at least this: handlers that
+# used the whole grace must not cost the commit of the messages that did finish.
+COMMIT_AT_LEAST_S: Final = 0.5
 
 
 def check_handler(fn: Callable[..., object]) -> None:
@@ -161,7 +176,7 @@ class Subscribers:
         client: Client,
         sessionmaker: async_sessionmaker[AsyncSession],
         *,
-        shutdown_timeout_s: float = 30.0,
+        shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         if not shutdown_timeout_s > 0:
             raise InvalidArgument(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
@@ -259,18 +274,21 @@ class Subscribers:
                     lanes.submit(sub.lane(msg), msg)
             timeout_s = self._shutdown_timeout_s
         finally:
+            grace_ends = asyncio.get_running_loop().time() + self._shutdown_timeout_s
             await lanes.close(timeout_s)
             self._lanes.remove(lanes)
-            # Closing commits the offsets of everything acknowledged above. With the broker
-            # gone it would keep reconnecting: the stop is bounded, and what was applied but
-            # not committed is redelivered later and skipped by the inbox.
+            # Closing commits the offsets of everything acknowledged above, in what is left of
+            # the grace. With the broker gone it would keep reconnecting: the stop is bounded,
+            # and what was applied but not committed is redelivered later, skipped by the inbox.
+            left = grace_ends - asyncio.get_running_loop().time()
             try:
-                async with asyncio.timeout(self._shutdown_timeout_s):
+                async with asyncio.timeout(max(left, COMMIT_AT_LEAST_S)):
                     await consumer.close()
             except TimeoutError:
                 log.warning(
-                    "%s/%s: offsets not committed within %s s (broker unreachable?); the "
-                    "applied messages will be redelivered and skipped by the inbox",
+                    "%s/%s: offsets not committed within the %s s shutdown grace (broker "
+                    "unreachable?); the applied messages will be redelivered and skipped by "
+                    "the inbox",
                     sub.group,
                     sub.topic,
                     self._shutdown_timeout_s,

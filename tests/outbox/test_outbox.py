@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from tests.conftest import ROOT, BrokerProcess, run_cli
 from txbroker.errors import InvalidArgument
 from txbroker_outbox import Relay, add
+from txbroker_outbox.relay import DEFAULT_SHUTDOWN_TIMEOUT_S
 from txbroker_sdk import Client, Consumer
 from txbroker_sdk.database import async_url
 from txbroker_sdk.tables import OUTBOX
@@ -364,3 +365,27 @@ async def test_bad_input_gets_a_clear_error(engine: AsyncEngine, tmp_path: Path)
         run_cli, "outbox", "relay", "--url", empty, "--namespace", "ok", timeout=60
     )
     assert out.returncode == 2 and "txbroker db upgrade" in out.stderr, out.stderr
+
+
+def test_a_relay_stops_within_its_grace_after_its_broker_is_gone(
+    sqlite_url: str, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """The broker is killed and the relay's round is reconnecting to it (for up to 30 s):
+    SIGTERM gives the round its grace, cancels it, and the process exits cleanly."""
+    relay = RelayProcess(tmp_path / "r.log", *_relay_args(sqlite_url, broker))
+    try:
+        broker.kill()
+        deadline = time.monotonic() + 30
+        while "attempt 1 failed" not in relay.log.read_text():  # reconnecting to nothing
+            assert relay.proc.poll() is None and time.monotonic() < deadline, relay.log.read_text()
+            time.sleep(0.02)  # watching another process's log: there is no event to await
+        started = time.monotonic()
+        code = relay.stop()
+        took = time.monotonic() - started
+    finally:
+        if relay.proc.poll() is None:
+            relay.proc.kill()
+            relay.proc.wait(timeout=10)
+    assert code == 0, relay.log.read_text()
+    assert took < DEFAULT_SHUTDOWN_TIMEOUT_S + 3.0, (took, relay.log.read_text())
+    assert "outbox round still running 5.0 s after the stop: cancelled" in relay.log.read_text()

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -112,25 +114,49 @@ def test_a_handler_with_the_wrong_signature_is_refused_when_decorated(
     assert subscriber("orders", group="g4")(fine) is fine
 
 
+def _await_in_log(log: Path, text: str, proc: subprocess.Popen[str], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while text not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"no {text!r} in: {log.read_text()}"
+        time.sleep(0.02)  # watching another process's log: there is no event to await
+
+
+def _await_line(proc: subprocess.Popen[str], within_s: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], within_s)
+    assert ready, f"no line from the child within {within_s} s"
+    return proc.stdout.readline().strip()
+
+
+@pytest.mark.parametrize("mode", ["idle", "stuck"])
 def test_a_subscriber_stops_within_its_grace_after_its_broker_is_gone(
-    broker: BrokerProcess, sqlite_url: str
+    broker: BrokerProcess, sqlite_url: str, tmp_path: Path, mode: str
 ) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.sdk.subscriber_child", sqlite_url, broker.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+    """The broker is killed and the subscriber is retrying (its reconnect would go on for
+    30 s): SIGTERM still ends it within its grace, a handler in flight cancelled at the end
+    of the grace (``stuck``), and the commit of offsets given up within the grace."""
+    log = tmp_path / "subscriber.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.sdk.subscriber_child", sqlite_url, broker.url, mode],
+            stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
+        )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY", proc.stderr
-        broker.kill()  # the subscriber now retries its fetches against nothing
+        assert _await_line(proc, 60) == "READY", log.read_text()
+        broker.kill()
+        _await_in_log(log, "attempt 1 failed", proc, 30)  # reconnecting to nothing
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
-        code = proc.wait(timeout=60)
+        out, _ = proc.communicate(timeout=60)
         took = time.monotonic() - started
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
-    assert code == 0
-    # the fetch is dropped at once; closing (committing offsets) gets the grace at most
-    assert took < GRACE_S + 3.0, took
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, log.read_text()
+    assert took < GRACE_S + 2.0, (took, log.read_text())
+    if mode == "stuck":
+        assert out.split() == ["CANCELLED"]  # after the grace, not before
+        assert took >= GRACE_S - 0.1, took
+        assert "1 handler(s) still running after 2.0 s: cancelled" in log.read_text()
