@@ -1,7 +1,7 @@
-"""One TCP connection of a :class:`~txbroker_sdk.client.Client`, as an asyncio protocol.
+"""One TCP connection of a :class:`~txbroker_sdk.connection.Connection`, as an asyncio protocol.
 
 Frames are decoded in ``data_received`` as their bytes arrive and handed to the client there,
-not by a reader task (see the client's docstring for why).
+not by a reader task (see the connection module's docstring for why).
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from txbroker.protocol.codec import FrameDecoder
 from txbroker_sdk.errors import ConnectionClosed
 
 if TYPE_CHECKING:
-    from txbroker_sdk.client import Client
+    from txbroker_sdk.connection import Connection
 
 __all__ = ["Wire"]
 
 
 class Wire(asyncio.Protocol):
-    """One TCP connection of a :class:`Client`: decodes frames as bytes arrive and hands them
+    """One TCP connection of a :class:`Connection`: decodes frames as bytes arrive and hands them
     to the client, and fails the client's requests when the connection ends. A connection the
     client has already replaced reports nothing."""
 
-    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._client = client
         self._decoder = FrameDecoder()
         self._transport: asyncio.BaseTransport | None = None

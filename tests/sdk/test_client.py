@@ -75,7 +75,7 @@ async def test_a_posted_request_the_broker_refuses_is_logged_and_drained(
         await c.drain(timeout_s=10)
         assert c.unanswered == 0
         await c.ping()  # the connection is fine
-    [record] = [r for r in caplog.records if r.name == "txbroker_sdk.client"]
+    [record] = [r for r in caplog.records if r.name == "txbroker_sdk.connection"]
     assert record.levelno == logging.WARNING
     assert "TX_END" in record.message and "no-such-tx" in record.message
     assert "not confirmed" in record.message and record.message.endswith("the test expects it")
@@ -89,7 +89,7 @@ async def test_a_posted_request_that_succeeds_logs_nothing(
             c.post(Opcode.PING, Empty(), note="unexpected")
         await c.drain(timeout_s=10)
         assert c.unanswered == 0
-    assert not [r for r in caplog.records if r.name == "txbroker_sdk.client"]
+    assert not [r for r in caplog.records if r.name == "txbroker_sdk.connection"]
 
 
 async def test_a_posted_request_with_no_answer_times_out_and_is_logged(

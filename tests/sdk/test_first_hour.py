@@ -42,7 +42,7 @@ async def test_connect_retries_are_logged_and_bounded_by_the_deadline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     port = _closed_port()
-    caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
+    caplog.set_level(logging.WARNING, logger="txbroker_sdk.connection")
     started = time.monotonic()
     with pytest.raises(BrokerUnreachable, match=rf"127\.0\.0\.1:{port} within 1 s"):
         await Client.connect(f"txb://127.0.0.1:{port}", connect_deadline_s=1.0)
@@ -66,7 +66,7 @@ async def test_the_deadline_is_a_setting_of_the_client(caplog: pytest.LogCapture
     assert time.monotonic() - started < 2.0
     # A client that connects on first use keeps to its connect deadline, not to the longer
     # reconnect window of a connection that dropped.
-    caplog.set_level(logging.WARNING, logger="txbroker_sdk.client")
+    caplog.set_level(logging.WARNING, logger="txbroker_sdk.connection")
     client = Client(address, connect_deadline_s=0.5, reconnect_s=60)
     started = time.monotonic()
     with pytest.raises(BrokerUnreachable, match=r"within 0\.5 s"):

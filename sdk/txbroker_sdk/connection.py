@@ -1,0 +1,388 @@
+"""One connection to the broker: pipelined requests matched to answers by correlation id,
+errors raised as the same typed exceptions the broker raised, connecting (with a deadline, each
+failed attempt logged) and reconnecting. :class:`~txbroker_sdk.client.Client` adds the
+broker's requests by name.
+
+Answers are decoded in the connection's protocol callback as their bytes arrive, not by a reader
+task: a task awaiting ``StreamReader.read`` costs, per read, two coroutines, a future and a trip
+through the event loop, which in a CPU-bound service (`txbroker bench service`) was a measurable
+part of what messaging adds to a business transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import time
+from typing import Any, Final, Self
+
+from txbroker.errors import InvalidArgument, TxbError, error_class
+from txbroker.protocol.codec import Frame, encode_frame
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import Hello, decode_error, decode_response, encode_body
+from txbroker.runtime.turnwriter import TurnWriter
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
+from txbroker_sdk.requests import parse_server_url
+from txbroker_sdk.wire import Wire
+
+__all__ = ["DEFAULT_CONNECT_DEADLINE_S", "SWEEP_INTERVAL_S", "Connection"]
+
+log = logging.getLogger(__name__)
+
+# How long the first connection is retried by default: long enough for a broker that starts
+# beside the service (compose, a test), short enough that a wrong address fails the start.
+DEFAULT_CONNECT_DEADLINE_S: Final = 10.0
+# Deadlines are checked this often: a timeout fires at most this much late.
+SWEEP_INTERVAL_S = 0.05
+
+
+class Connection:
+    """One connection to the broker, made by :meth:`connect` or by the first request. The first
+    connection is tried for up to ``connect_deadline_s`` (a broker still starting is waited
+    for; 0: one attempt), each failed attempt logged as a WARNING, then
+    :class:`BrokerUnreachable` names the address. When the connection drops, requests in flight
+    fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
+    key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
+    seconds."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+    ) -> None:
+        for name, value in (
+            ("connect_deadline_s", connect_deadline_s),
+            ("reconnect_s", reconnect_s),
+        ):
+            if not value >= 0:
+                raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
+        self._url = url
+        self._host, self._port = parse_server_url(url)
+        self._token = auth_token
+        self._timeout_s = timeout_s
+        self._reconnect_s = reconnect_s
+        self.connect_deadline_s = connect_deadline_s
+        self._connected_once = False  # later connections are reconnects (``reconnect_s``)
+        self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        # Request deadlines are checked by one sweeper task rather than a timer per request:
+        # a timer per request cost as much as the request itself in the client's profile.
+        self._deadlines: dict[int, tuple[float, float]] = {}  # corr -> (deadline, timeout_s)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._closed: TxbError | None = ConnectionClosed("not connected yet")
+        self._user_closed = False
+        self._wire: Wire | None = None  # the current connection
+        self._out: TurnWriter | None = None  # one per connection
+        self._unanswered: set[asyncio.Future[Any]] = set()  # requests nobody awaits
+        # Requests sent by post(): corr -> (opcode, request, note); no future at all.
+        self._posted: dict[int, tuple[int, Any, str]] = {}
+        self._posted_empty: asyncio.Future[None] | None = None  # drain() waits on it
+        # Kept, not looked up per request: get_running_loop() is a getpid() system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connect_lock = asyncio.Lock()
+        self.reconnects = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+    ) -> Self:
+        """Connect now, retrying a broker that is not there yet (still starting) for up to
+        ``connect_deadline_s``, each failed attempt logged as a WARNING; 0 tries once. Then
+        :class:`BrokerUnreachable` names the address."""
+        client = cls(
+            url,
+            auth_token=auth_token,
+            timeout_s=timeout_s,
+            reconnect_s=reconnect_s,
+            connect_deadline_s=connect_deadline_s,
+        )
+        await client._dial(connect_deadline_s)
+        return client
+
+    async def _open(self) -> None:
+        """One connection attempt: TCP, then HELLO (which checks the auth token)."""
+        loop = asyncio.get_running_loop()
+        wire = Wire(self, loop)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                transport, _ = await loop.create_connection(lambda: wire, self._host, self._port)
+        except (OSError, TimeoutError) as e:
+            raise ConnectionClosed(f"cannot connect to {self._host}:{self._port}: {e}") from e
+        self._wire = wire
+        self._loop = loop
+        self._out = TurnWriter(loop, transport.write)
+        self._closed = None
+        try:
+            await self._send_request(
+                Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
+            )
+        except BaseException:
+            await self._drop()
+            raise
+        self._connected_once = True
+
+    async def _ensure_connected(self) -> None:
+        if self._closed is None:
+            return
+        if self._user_closed or not isinstance(self._closed, ConnectionClosed):
+            raise self._closed  # closed by us, or refused (auth, protocol): do not retry
+        async with self._connect_lock:
+            if self.connected:
+                return  # another request reconnected meanwhile
+            if not self._connected_once:  # the first connection, made by the first request
+                await self._dial(self.connect_deadline_s)
+                return
+            await self._dial(self._reconnect_s)
+            self.reconnects += 1
+
+    async def _dial(self, deadline_s: float) -> None:
+        """Connect, retrying for up to ``deadline_s`` with a backoff from 50 ms doubling to 2 s
+        (a broker restart takes seconds); each failure is logged, so a wrong or down address
+        shows at once in the service's log rather than as a silent wait."""
+        deadline = time.monotonic() + deadline_s
+        backoff, attempt = 0.05, 0
+        while True:
+            attempt += 1
+            try:
+                await self._open()
+                return
+            except ConnectionClosed as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if attempt == 1:
+                        raise BrokerUnreachable(str(e)) from e
+                    raise BrokerUnreachable(
+                        f"cannot connect to {self._host}:{self._port} within {deadline_s:g} s "
+                        f"({attempt} attempts; is the broker running there?): {e.__cause__ or e}"
+                    ) from e
+                pause = min(backoff, left)
+                log.warning(
+                    "broker %s:%s: attempt %d failed (%s); retrying in %.2f s",
+                    self._host,
+                    self._port,
+                    attempt,
+                    e.__cause__ or e,  # the OS's or the broker's reason, without the address
+                    pause,
+                )
+            await asyncio.sleep(pause)
+            backoff = min(backoff * 2, 2.0)
+
+    @property
+    def connected(self) -> bool:
+        return self._closed is None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection, first waiting (at most the client's ``timeout_s``) for the
+        answers to requests sent without waiting (:meth:`submit`)."""
+        if self._closed is None:
+            await self.drain(self._timeout_s)
+        self._user_closed = True
+        self._fail(ConnectionClosed("the client closed the connection"))
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await self._drop()
+
+    async def _drop(self) -> None:
+        """Close the connection and wait (bounded) until its transport has let go."""
+        wire = self._wire
+        if wire is not None:
+            wire.close()
+            await asyncio.wait([wire.lost], timeout=self._timeout_s)
+
+    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+        await self._ensure_connected()
+        return await self._send_request(opcode, body, timeout_s)
+
+    async def _send_request(self, opcode: Opcode, body: Any, timeout_s: float | None) -> Any:
+        corr, fut = self._submit(opcode, body, timeout_s)
+        try:
+            return await fut
+        finally:
+            self._forget(corr)
+
+    def _submit(
+        self, opcode: Opcode, body: Any, timeout_s: float | None
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """Queue the request's frame; its answer (or error) will complete the future."""
+        corr = self._send_frame(opcode, body, timeout_s)
+        assert self._loop is not None  # connected
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[corr] = (opcode, fut)
+        return corr, fut
+
+    def _send_frame(self, opcode: Opcode, body: Any, timeout_s: float | None) -> int:
+        """Queue a request's frame under a new correlation id, with its deadline; the id. The
+        frame is encoded first, so a request refused here (too large) leaves nothing behind."""
+        if self._closed is not None:
+            raise self._closed
+        loop, out = self._loop, self._out
+        assert loop is not None and out is not None  # connected
+        corr = next(self._ids) & 0xFFFFFFFF
+        frame = encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body))
+        if timeout_s is not None:
+            self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = loop.create_task(self._sweep())
+        out.add(frame)
+        return corr
+
+    def _forget(self, corr: int) -> None:
+        self._pending.pop(corr, None)
+        self._deadlines.pop(corr, None)
+
+    def submit(
+        self,
+        opcode: Opcode,
+        body: Any,
+        *,
+        timeout_s: float | None = 30.0,
+        drained: bool = True,
+    ) -> asyncio.Future[Any]:
+        """Send a request without waiting for its answer: the returned future gets the answer
+        (or the error). It leaves with the other frames of this turn of the event loop, so the
+        caller can overlap it with other I/O. Not connected: a task reconnects and sends it
+        (the future is that task). :meth:`drain` and :meth:`close` wait for these requests,
+        unless ``drained`` is false (for a caller that awaits the future itself)."""
+        fut: asyncio.Future[Any]
+        if self._closed is not None:
+            fut = asyncio.get_running_loop().create_task(
+                self.request(opcode, body, timeout_s=timeout_s)
+            )
+        else:
+            _, fut = self._submit(opcode, body, timeout_s)  # answers clean up after themselves
+        if drained:
+            self._unanswered.add(fut)
+            fut.add_done_callback(self._unanswered.discard)
+        return fut
+
+    def post(
+        self, opcode: Opcode, body: Any, *, note: str = "", timeout_s: float | None = 30.0
+    ) -> None:
+        """Send a request whose answer nobody awaits (as RocketMQ's producer sends its
+        end-transaction one-way): no future is made for it, which in a CPU-bound service is
+        worth having. A failure, or no answer within ``timeout_s``, is logged with ``note``
+        (what happens next). :meth:`drain` and :meth:`close` wait for the answers."""
+        if self._closed is not None:
+            fut = self.submit(opcode, body, timeout_s=timeout_s)
+            fut.add_done_callback(functools.partial(_posted_done, opcode, body, note))
+            return
+        self._posted[self._send_frame(opcode, body, timeout_s)] = (opcode, body, note)
+
+    def _posted_answered(self, corr: int, err: Exception | None) -> None:
+        opcode, body, note = self._posted.pop(corr)
+        if err is not None:
+            _posted_failed(opcode, body, note, err)
+        waiter = self._posted_empty
+        if not self._posted and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    @property
+    def unanswered(self) -> int:
+        """Requests sent by :meth:`submit` or :meth:`post` whose answers have not arrived."""
+        return len(self._unanswered) + len(self._posted)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Wait (at most ``timeout_s``) until every request sent by :meth:`submit` or
+        :meth:`post` is answered or has failed."""
+        waits: set[asyncio.Future[Any]] = set(self._unanswered)
+        if self._posted:
+            if self._posted_empty is None or self._posted_empty.done():
+                self._posted_empty = asyncio.get_running_loop().create_future()
+            waits.add(self._posted_empty)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
+
+    async def _sweep(self) -> None:
+        """Fail requests past their deadline with RequestTimeout (their outcome is unknown)."""
+        while self._deadlines:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for corr, (deadline, timeout_s) in list(self._deadlines.items()):
+                if deadline <= now:
+                    del self._deadlines[corr]
+                    if (entry := self._pending.pop(corr, None)) is not None:
+                        if not entry[1].done():
+                            entry[1].set_exception(_timed_out(entry[0], timeout_s))
+                    elif (posted := self._posted.get(corr)) is not None:
+                        self._posted_answered(corr, _timed_out(posted[0], timeout_s))
+
+    def _answered(self, frames: list[Frame]) -> None:
+        """Hand each answer to its request (called by the connection as frames arrive)."""
+        pending, deadlines = self._pending, self._deadlines
+        for frame in frames:
+            if frame.opcode == Opcode.STREAM:
+                err = decode_error(frame.body)
+                self._fail(error_class(err.code)(err.message))
+                if self._wire is not None:
+                    self._wire.close()
+                return
+            corr = frame.corr_id
+            deadlines.pop(corr, None)
+            entry = pending.pop(corr, None)
+            if entry is None:
+                if corr in self._posted:  # its answer is only looked at for an error
+                    failure = None
+                    if frame.kind == FrameKind.ERROR:
+                        body = decode_error(frame.body)
+                        failure = error_class(body.code)(body.message)
+                    self._posted_answered(corr, failure)
+                continue  # else the request timed out; its answer is dropped
+            opcode, fut = entry
+            if fut.done():
+                continue  # cancelled by its caller
+            if frame.kind == FrameKind.ERROR:
+                err = decode_error(frame.body)
+                fut.set_exception(error_class(err.code)(err.message))
+                continue
+            try:
+                fut.set_result(decode_response(opcode, frame.body))
+            except TxbError as e:  # an unreadable answer fails its request, not the connection
+                fut.set_exception(e)
+
+    def _fail(self, err: TxbError) -> None:
+        if self._closed is None:
+            self._closed = err
+        if self._out is not None:
+            self._out.clear()  # their requests fail below; a new connection must not send them
+        pending, self._pending = self._pending, {}
+        self._deadlines.clear()
+        for _, fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        for corr in list(self._posted):
+            self._posted_answered(corr, err)
+
+
+def _timed_out(opcode: int, timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"{Opcode(opcode).name} got no answer within {timeout_s} s (its outcome is unknown)"
+    )
+
+
+def _posted_failed(opcode: int, body: Any, note: str, err: BaseException) -> None:
+    log.warning("%s %s not confirmed (%s); %s", Opcode(opcode).name, body, err, note)
+
+
+def _posted_done(opcode: int, body: Any, note: str, fut: asyncio.Future[Any]) -> None:
+    """A posted request sent by a reconnecting task (:meth:`Client.post`) has ended."""
+    if not fut.cancelled() and (err := fut.exception()) is not None:
+        _posted_failed(opcode, body, note, err)
