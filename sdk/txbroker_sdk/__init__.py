@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from txbroker.runtime.signals import stop_on_signals
     from txbroker_sdk.barrier import BarrierResolver, TransactionFenced, mount, record_commit
     from txbroker_sdk.database import create_engine
+    from txbroker_sdk.preflight import require_tables
     from txbroker_sdk.retention import Retention, clean_up
     from txbroker_sdk.schema import upgrade
     from txbroker_sdk.subscriber import Handler, Subscribers, apply_once
@@ -55,6 +56,7 @@ _LAZY: dict[str, str] = {
     "mount": "txbroker_sdk.barrier",
     "record_commit": "txbroker_sdk.barrier",
     "create_engine": "txbroker_sdk.database",
+    "require_tables": "txbroker_sdk.preflight",
     "Retention": "txbroker_sdk.retention",
     "clean_up": "txbroker_sdk.retention",
     "upgrade": "txbroker_sdk.schema",
@@ -98,6 +100,7 @@ __all__ = [
     # the service's database
     "create_engine",
     "upgrade",
+    "require_tables",
     "Retention",
     "clean_up",
     # running a service (TxbService: the FastAPI / Starlette integration)
