@@ -16,11 +16,20 @@ The tree, with the behaviour each category carries as class attributes::
     ├── TransactionNotFound       no such transaction (NotFound)
     ├── StaleGeneration           a consumer's view of its group is out of date (retriable)
     ├── Unauthenticated           missing or wrong auth token: the connection is closed
+    ├── Forbidden                 the token lacks the role a request needs on its topic: that
+    │                             request is refused, the connection stays open
     ├── ProtocolError             malformed stream: the connection is closed
-    │   └── FrameTooLarge         a frame over MAX_FRAME_BYTES
+    │   ├── FrameTooLarge         a frame over MAX_FRAME_BYTES
+    │   └── TlsRequired           a plain client at a TLS listener (connect with txbs://)
+    ├── ConnectionLimit           a limit of the broker closed the connection (retriable:
+    │   │                         connect again; the SDK does so by itself)
+    │   ├── TooManyConnections    every connection slot is taken by authenticated clients
+    │   ├── HandshakeTimeout      no HELLO within the deadline, or pushed out by newer ones
+    │   ├── IdleTimeout           an authenticated connection sent nothing for too long
+    │   └── RateLimited           more frames a second than the broker allows one connection
     └── StoreError                the store itself is in trouble
         ├── StoreClosed           the store was closed; reopen it
-        ├── StoreFailed           an fsync or write failed; the store refuses further appends
+        ├── StoreFailed           an append failed: refused before writing, or the store failed
         ├── CorruptLog            a record failed its checks where the log must be intact
         └── StoreLocked           another process holds the data directory
 
@@ -33,8 +42,12 @@ from typing import ClassVar
 
 __all__ = [
     "BadRequest",
+    "ConnectionLimit",
     "CorruptLog",
+    "Forbidden",
     "FrameTooLarge",
+    "HandshakeTimeout",
+    "IdleTimeout",
     "Internal",
     "InvalidArgument",
     "InvalidName",
@@ -42,11 +55,14 @@ __all__ = [
     "MessageTooLarge",
     "NotFound",
     "ProtocolError",
+    "RateLimited",
     "StaleGeneration",
     "StoreClosed",
     "StoreError",
     "StoreFailed",
     "StoreLocked",
+    "TooManyConnections",
+    "TlsRequired",
     "TooManyTransactions",
     "TopicExists",
     "TransactionConflict",
@@ -114,12 +130,50 @@ class Unauthenticated(TxbError):
     code = "UNAUTHENTICATED"
 
 
+class Forbidden(TxbError):
+    """The connection's token is valid but lacks the role the request needs on its topic
+    (docs/operations.md, "Access control"); the message names the role and the topic."""
+
+    code = "FORBIDDEN"
+
+
 class ProtocolError(TxbError):
     code = "PROTOCOL_ERROR"
 
 
 class FrameTooLarge(ProtocolError):
     code = "FRAME_TOO_LARGE"
+
+
+class TlsRequired(ProtocolError):
+    """A client spoke plain txbroker frames to a listener that serves TLS only; the broker says
+    so in plain bytes, once, and closes. Connect with ``txbs://`` (docs/client.md)."""
+
+    code = "TLS_REQUIRED"
+
+
+class ConnectionLimit(TxbError):
+    """The broker closed the connection to protect itself (docs/operations.md, "Connection
+    limits"); nothing was wrong with the requests already answered. Connect again."""
+
+    code = "CONNECTION_LIMIT"
+    retriable = True
+
+
+class TooManyConnections(ConnectionLimit):
+    code = "TOO_MANY_CONNECTIONS"
+
+
+class HandshakeTimeout(ConnectionLimit):
+    code = "HANDSHAKE_TIMEOUT"
+
+
+class IdleTimeout(ConnectionLimit):
+    code = "IDLE_TIMEOUT"
+
+
+class RateLimited(ConnectionLimit):
+    code = "RATE_LIMITED"
 
 
 class StoreError(TxbError):
@@ -131,9 +185,12 @@ class StoreClosed(StoreError):
 
 
 class StoreFailed(StoreError):
-    """A write or fsync failed. After a failed fsync the page cache state is unknown (the kernel
-    may have dropped the dirty pages), so retrying the fsync could report success for data that
-    is gone; the only safe course is to stop appending and recover from disk on reopen."""
+    """An append failed, and nothing of it is stored. Either a file it needed could not be
+    created (a full disk, a quota), so it was refused before anything was written and the next
+    append may succeed; or a write or fsync failed, and the store refuses further appends: after
+    a failed fsync the page cache state is unknown (the kernel may have dropped the dirty pages),
+    so retrying the fsync could report success for data that is gone; the only safe course is
+    to stop appending and recover from disk on reopen."""
 
     code = "STORE_FAILED"
 

@@ -36,6 +36,7 @@ class CheckResult:
     outcome: CheckOutcome
     reason: str
     seconds: float
+    http_status: int | None = None  # the response's status code, when one came
 
     @property
     def sent(self) -> bool:
@@ -58,12 +59,14 @@ async def call_check(
         HEADER_TIMESTAMP: str(ts),
         HEADER_SIGNATURE: sign(secret, ts, body),
     }
-    if traceparent:
+    if traceparent:  # not signed (the signature covers the timestamp and the body only)
         headers["traceparent"] = traceparent
     t0 = time.perf_counter()
 
-    def result(status: CheckStatus, outcome: CheckOutcome, reason: str) -> CheckResult:
-        return CheckResult(status, outcome, reason, time.perf_counter() - t0)
+    def result(
+        status: CheckStatus, outcome: CheckOutcome, reason: str, code: int | None = None
+    ) -> CheckResult:
+        return CheckResult(status, outcome, reason, time.perf_counter() - t0, code)
 
     try:
         resp = await client.post(url, content=body, headers=headers, timeout=timeout_s)
@@ -76,7 +79,8 @@ async def call_check(
         # Sent, then the connection broke (reset, closed before answering): it was asked.
         return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"connection failed: {e!r}")
     if not 200 <= resp.status_code < 300:
-        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"HTTP {resp.status_code}")
+        code = resp.status_code
+        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"HTTP {code}", code)
     try:
         data = _decoder.decode(resp.content)
         raw = data["status"]
@@ -85,5 +89,6 @@ async def call_check(
         status = CheckStatus(raw)  # exact: "commit" or "Commit" is not COMMIT
     except (msgspec.DecodeError, KeyError, ValueError, TypeError):
         snippet = resp.content[:80]
-        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"unreadable body {snippet!r}")
-    return result(status, CheckOutcome.ANSWERED, f"answered {status.value}")
+        reason = f"unreadable body {snippet!r}"
+        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, reason, resp.status_code)
+    return result(status, CheckOutcome.ANSWERED, f"answered {status.value}", resp.status_code)

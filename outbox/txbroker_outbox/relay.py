@@ -16,6 +16,10 @@ row waits while an earlier unpublished row of its key is outside this relay's ba
 PostgreSQL's NOTIFY (sent by :func:`txbroker_outbox.add` when its transaction commits) and
 polls on SQLite.
 
+With tracing on, each send is a PRODUCER span ``send {topic}``, the child of the span the row
+was written in (its ``traceparent`` header), and the message carries the relay span's
+``traceparent`` instead, so a consumer's ``process`` span is the relay span's child.
+
 Stopping is bounded by ``shutdown_timeout_s``: a round in progress when ``stop`` is set gets
 that long to finish (with the broker gone it would keep reconnecting), then is cancelled; its
 rows stay unpublished, and any it had sent are sent again later under the same idempotency
@@ -31,12 +35,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 from sqlalchemy import Row, Select, func, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from txbroker.errors import InvalidArgument, TxbError
-from txbroker_outbox.writer import CHANNEL
+from txbroker.runtime import tracing as tr
+from txbroker.runtime.tracing import tracing_on
+from txbroker_outbox.writer import CHANNEL, TRACEPARENT
 from txbroker_sdk import faults
 from txbroker_sdk.client import Client
 from txbroker_sdk.errors import TablesMissing
@@ -281,24 +289,54 @@ class Relay:
         self, lane: list[Row[Any]], sent: list[tuple[int, bool]], r: _Round
     ) -> None:
         for row in lane:
+            headers = row.headers
+            span = self._start_send(row) if tracing_on() else None
+            if span is not None and (tp := tr.traceparent(span)) is not None:
+                headers = {**(row.headers or {}), TRACEPARENT: tp}  # consumers continue from it
             try:
                 receipt = await self._client.send(
                     row.topic,
                     row.body,
                     key=row.key,
                     tags=row.tags,
-                    headers=row.headers,
+                    headers=headers,
                     idempotency_key=self.idempotency_key(row.id),
                 )
             except TxbError as e:
+                if span is not None:
+                    span.set_attribute(tr.ERROR_TYPE, e.code)
+                    span.set_status(Status(StatusCode.ERROR, str(e)[:200]))
+                    span.end()
                 r.failed += 1
                 self.failed += 1
                 log.warning(
                     "outbox row %s to %r not sent (%r); retrying later", row.id, row.topic, e
                 )
                 return  # the rest of this key waits for this row
+            if span is not None:
+                span.set_attribute(tr.MESSAGE_ID, receipt.message_id)
+                span.set_attribute(tr.PARTITION, str(receipt.queue_id))
+                span.set_attribute(tr.SEND_DUPLICATE, receipt.duplicate)
+                span.end()
             faults.point("relay_after_send")
             sent.append((row.id, receipt.duplicate))
+
+    def _start_send(self, row: Row[Any]) -> Span:
+        """The relay's PRODUCER span of one row, in the trace the row was written in."""
+        attrs: dict[str, AttributeValue] = {
+            tr.SYSTEM: tr.MESSAGING_SYSTEM,
+            tr.DESTINATION: row.topic,
+            tr.OPERATION_TYPE: "send",
+            tr.OPERATION_NAME: "send",
+            tr.OUTBOX_ID: row.id,
+            tr.OUTBOX_NAMESPACE: self.namespace,
+        }
+        return tr.tracer(__name__).start_span(
+            f"send {row.topic}",
+            context=tr.context_from((row.headers or {}).get(TRACEPARENT)),
+            kind=SpanKind.PRODUCER,
+            attributes=attrs,
+        )
 
     async def _listen(self) -> None:
         """Keep a LISTEN on the outbox channel; re-establish it when its connection drops.

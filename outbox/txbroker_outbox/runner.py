@@ -37,12 +37,18 @@ async def relay_main(
     poll_interval_s: float,
     auth_token: str | None,
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> None:
     setup_tracing("txbroker-outbox-relay")  # only when OTEL_* asks for traces
     url = async_url(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
     engine = create_engine(url)  # SQLite: WAL and a busy timeout, beside the service
-    client = Client(server, auth_token=auth_token)  # connects on first use
+    # Connects on first use; TLS with a txbs:// server.
+    client = Client(
+        server, auth_token=auth_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )
     try:
         relay = Relay(
             client,

@@ -5,7 +5,9 @@
         await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
 
 The row commits or rolls back with the business rows; a relay (:mod:`txbroker_outbox.relay`)
-publishes it afterwards.
+publishes it afterwards. With tracing on, the row's headers keep the current span's
+``traceparent`` (a caller's own ``traceparent`` header wins), so the relay's ``send`` span joins
+the trace the row was written in.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.names import validate_topic
+from txbroker.runtime.tracing import traceparent, tracing_on
 from txbroker_sdk.tables import OUTBOX
 from txbroker_sdk.transactional import encode_body
 
-__all__ = ["CHANNEL", "add"]
+__all__ = ["CHANNEL", "TRACEPARENT", "add"]
 
 CHANNEL: Final = "txb_outbox"  # PostgreSQL NOTIFY channel: a committed add wakes the relays
+# The row's header that keeps the W3C trace context it was written in (tracing on only); the
+# relay replaces it with its send span's, so consumers continue the trace from there.
+TRACEPARENT: Final = "traceparent"
 
 
 def _max_len(column: Any) -> int:
@@ -62,6 +68,9 @@ async def add(
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise InvalidArgument("outbox headers must map str to str")
         values["headers"] = dict(headers)
+    if tracing_on() and (tp := traceparent()) is not None:
+        # The trace this row was written in: the relay's send span continues it.
+        values["headers"] = {TRACEPARENT: tp, **(values.get("headers") or {})}
     row_id: int = (
         await session.execute(OUTBOX.insert().values(values).returning(OUTBOX.c.id))
     ).scalar_one()

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from txbroker.errors import (
     BadRequest,
+    Forbidden,
     InvalidArgument,
     InvalidName,
     MessageTooLarge,
     NotFound,
     StaleGeneration,
+    TlsRequired,
     TooManyTransactions,
     TopicExists,
     TransactionConflict,
@@ -31,7 +33,13 @@ from txbroker.errors import (
 )
 from txbroker_sdk.client import Client, Transaction, parse_server_url
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
-from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout, TablesMissing
+from txbroker_sdk.errors import (
+    BrokerUnreachable,
+    ConnectionClosed,
+    RequestTimeout,
+    TablesMissing,
+    TlsFailed,
+)
 
 if TYPE_CHECKING:
     from txbroker.runtime.httpserve import HttpServer, serving
@@ -113,6 +121,7 @@ __all__ = [
     "BadRequest",
     "BrokerUnreachable",
     "ConnectionClosed",
+    "Forbidden",
     "InvalidArgument",
     "InvalidName",
     "MessageTooLarge",
@@ -121,6 +130,8 @@ __all__ = [
     "RequestTimeout",
     "StaleGeneration",
     "TablesMissing",
+    "TlsFailed",
+    "TlsRequired",
     "TooManyTransactions",
     "TopicExists",
     "TransactionConflict",

@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from txbroker.errors import TxbError
+from txbroker.runtime import tracing as tr
 from txbroker_checkback.contract import CheckRequest, CheckStatus
 from txbroker_checkback.endpoint import CheckbackEndpoint
 from txbroker_sdk.preflight import TablesChecked
@@ -154,7 +155,8 @@ def mount(
 
         mount(app, engine, {"orders-svc": os.environ["TXB_CHECK_SECRET"]})
     """
-    endpoint = CheckbackEndpoint(BarrierResolver(engine), secrets)
+    # Its SERVER span records through txbroker's tracer (use_provider's, else the global one).
+    endpoint = CheckbackEndpoint(BarrierResolver(engine), secrets, tracer=tr.tracer(__name__))
     # A Route, not a Mount: a Mount answers the bare path with a redirect to "path/", and the
     # broker does not follow redirects (a check must reach the service that signed up for it).
     app.router.routes.append(Route(path, endpoint, methods=["POST"]))

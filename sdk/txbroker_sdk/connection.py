@@ -7,6 +7,18 @@ Answers are decoded in the connection's protocol callback as their bytes arrive,
 task: a task awaiting ``StreamReader.read`` costs, per read, two coroutines, a future and a trip
 through the event loop, which in a CPU-bound service (`txbroker bench service`) was a measurable
 part of what messaging adds to a business transaction.
+
+A connection that has sent nothing for ``keepalive_s`` (60 s) sends a PING: the broker closes
+authenticated connections that stay silent for its ``idle_timeout_ms`` (5 minutes by default),
+and a service that publishes rarely should not find its connection gone, and its next request
+failed, because of a quiet hour. A connection limit of the broker (``ConnectionLimit``: idle,
+too many connections, over the frame rate) closes the connection as ``ConnectionClosed``, so
+the next request connects again.
+
+A ``txbs://`` URL connects with TLS (``txbroker.runtime.tls.client_context``): the broker's
+certificate is checked against ``tls_ca`` (default: the system's CAs) and must name the URL's
+host; ``tls_cert`` and ``tls_key`` answer a broker that asks for a client certificate. A failed
+handshake raises :class:`TlsFailed` at once (retrying would fail the same way).
 """
 
 from __future__ import annotations
@@ -15,25 +27,31 @@ import asyncio
 import functools
 import itertools
 import logging
+import ssl
 import time
+from pathlib import Path
 from typing import Any, Final, Self
 
-from txbroker.errors import InvalidArgument, TxbError, error_class
+from txbroker.errors import ConnectionLimit, InvalidArgument, TxbError, error_class
 from txbroker.protocol.codec import Frame, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
-from txbroker.protocol.messages import Hello, decode_error, decode_response, encode_body
+from txbroker.protocol.messages import Empty, Hello, decode_error, decode_response, encode_body
+from txbroker.runtime.tls import client_context
 from txbroker.runtime.turnwriter import TurnWriter
-from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
-from txbroker_sdk.requests import parse_server_url
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout, TlsFailed
+from txbroker_sdk.requests import parse_server_url, uses_tls
 from txbroker_sdk.wire import Wire
 
-__all__ = ["DEFAULT_CONNECT_DEADLINE_S", "SWEEP_INTERVAL_S", "Connection"]
+__all__ = ["DEFAULT_CONNECT_DEADLINE_S", "DEFAULT_KEEPALIVE_S", "SWEEP_INTERVAL_S", "Connection"]
 
 log = logging.getLogger(__name__)
 
 # How long the first connection is retried by default: long enough for a broker that starts
 # beside the service (compose, a test), short enough that a wrong address fails the start.
 DEFAULT_CONNECT_DEADLINE_S: Final = 10.0
+# A connection silent this long sends a PING: a fifth of the broker's default idle timeout
+# (300 s), so a PING lost or late still leaves four more chances.
+DEFAULT_KEEPALIVE_S: Final = 60.0
 # Deadlines are checked this often: a timeout fires at most this much late.
 SWEEP_INTERVAL_S = 0.05
 
@@ -45,7 +63,8 @@ class Connection:
     :class:`BrokerUnreachable` names the address. When the connection drops, requests in flight
     fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
     key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
-    seconds."""
+    seconds. A connection that sent nothing for ``keepalive_s`` pings the broker (0: never), so
+    the broker's idle timeout does not close it."""
 
     def __init__(
         self,
@@ -55,19 +74,32 @@ class Connection:
         timeout_s: float = 10.0,
         reconnect_s: float = 30.0,
         connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> None:
         for name, value in (
             ("connect_deadline_s", connect_deadline_s),
             ("reconnect_s", reconnect_s),
+            ("keepalive_s", keepalive_s),
         ):
             if not value >= 0:
                 raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
         self._url = url
         self._host, self._port = parse_server_url(url)
+        self._ssl: ssl.SSLContext | None = None
+        if uses_tls(url):
+            self._ssl = client_context(tls_ca, tls_cert, tls_key)
+        elif tls_ca is not None or tls_cert is not None:
+            raise InvalidArgument(f"TLS files given for {url!r}: a TLS broker's URL is txbs://")
         self._token = auth_token
         self._timeout_s = timeout_s
         self._reconnect_s = reconnect_s
         self.connect_deadline_s = connect_deadline_s
+        self._keepalive_s = keepalive_s
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._quiet = False  # nothing sent since the keepalive last looked
         self._connected_once = False  # later connections are reconnects (``reconnect_s``)
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # Request deadlines are checked by one sweeper task rather than a timer per request:
@@ -97,6 +129,10 @@ class Connection:
         timeout_s: float = 10.0,
         reconnect_s: float = 30.0,
         connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> Self:
         """Connect now, retrying a broker that is not there yet (still starting) for up to
         ``connect_deadline_s``, each failed attempt logged as a WARNING; 0 tries once. Then
@@ -107,19 +143,41 @@ class Connection:
             timeout_s=timeout_s,
             reconnect_s=reconnect_s,
             connect_deadline_s=connect_deadline_s,
+            keepalive_s=keepalive_s,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         await client._dial(connect_deadline_s)
         return client
 
     async def _open(self) -> None:
-        """One connection attempt: TCP, then HELLO (which checks the auth token)."""
+        """One connection attempt: TCP (and TLS), then HELLO (which checks the auth token)."""
         loop = asyncio.get_running_loop()
         wire = Wire(self, loop)
+        where = f"{self._host}:{self._port}"
         try:
             async with asyncio.timeout(self._timeout_s):
-                transport, _ = await loop.create_connection(lambda: wire, self._host, self._port)
+                transport, _ = await loop.create_connection(
+                    lambda: wire,
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except ssl.SSLCertVerificationError as e:
+            raise TlsFailed(
+                f"the broker at {where} did not prove who it is ({e.verify_message}): pass "
+                "tls_ca=<the CA file that signed its certificate>, and connect by a name or "
+                "address its certificate holds"
+            ) from e
+        except ssl.SSLError as e:
+            raise TlsFailed(
+                f"TLS handshake with {where} failed ({e.reason or e}); does the broker serve "
+                "TLS on this port? (a plain one is txb://)"
+            ) from e
         except (OSError, TimeoutError) as e:
-            raise ConnectionClosed(f"cannot connect to {self._host}:{self._port}: {e}") from e
+            raise ConnectionClosed(f"cannot connect to {where}: {e}") from e
         self._wire = wire
         self._loop = loop
         self._out = TurnWriter(loop, transport.write)
@@ -128,10 +186,39 @@ class Connection:
             await self._send_request(
                 Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
             )
+        except ConnectionClosed as e:
+            await self._drop()
+            if self._ssl is None:
+                raise
+            # Under TLS 1.3 the broker checks a client certificate after the client's side of
+            # the handshake is done: its refusal ends the connection during HELLO.
+            if isinstance(e.__cause__, ssl.SSLError):
+                raise TlsFailed(
+                    f"the broker at {where} refused the TLS connection "
+                    f"({e.__cause__.reason or e.__cause__}); does it require a client "
+                    "certificate (tls_cert, tls_key)?"
+                ) from e
+            raise ConnectionClosed(
+                f"{e} (during HELLO over TLS: does the broker require a client certificate? "
+                "pass tls_cert and tls_key)"
+            ) from e
         except BaseException:
             await self._drop()
             raise
         self._connected_once = True
+        if self._keepalive_s:
+            self._keepalive = loop.call_later(self._keepalive_s, self._keep_alive, wire)
+
+    def _keep_alive(self, wire: Wire) -> None:
+        """Every ``keepalive_s`` while ``wire`` is the connection: a PING if nothing was sent
+        since the last look (its answer, or failure, matters to nobody)."""
+        if self._wire is not wire or self._closed is not None or self._loop is None:
+            return  # that connection is gone; a new one has its own timer
+        if self._quiet:
+            _, fut = self._submit(Opcode.PING, Empty(), self._timeout_s)
+            fut.add_done_callback(_ignore)
+        self._quiet = True
+        self._keepalive = self._loop.call_later(self._keepalive_s, self._keep_alive, wire)
 
     async def _ensure_connected(self) -> None:
         if self._closed is None:
@@ -195,6 +282,8 @@ class Connection:
         if self._closed is None:
             await self.drain(self._timeout_s)
         self._user_closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         self._fail(ConnectionClosed("the client closed the connection"))
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -238,6 +327,7 @@ class Connection:
         assert loop is not None and out is not None  # connected
         corr = next(self._ids) & 0xFFFFFFFF
         frame = encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body))
+        self._quiet = False
         if timeout_s is not None:
             self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
             if self._sweeper is None or self._sweeper.done():
@@ -331,7 +421,12 @@ class Connection:
         for frame in frames:
             if frame.opcode == Opcode.STREAM:
                 err = decode_error(frame.body)
-                self._fail(error_class(err.code)(err.message))
+                cause = error_class(err.code)(err.message)
+                if isinstance(cause, ConnectionLimit):  # the next request connects again
+                    cause = ConnectionClosed(
+                        f"the broker closed the connection ({cause.code}): {cause}"
+                    )
+                self._fail(cause)
                 if self._wire is not None:
                     self._wire.close()
                 return
@@ -370,6 +465,11 @@ class Connection:
                 fut.set_exception(err)
         for corr in list(self._posted):
             self._posted_answered(corr, err)
+
+
+def _ignore(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved: a failed keepalive PING is nobody's error
 
 
 def _timed_out(opcode: int, timeout_s: float) -> RequestTimeout:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from txbroker.errors import TxbError
 
-__all__ = ["BrokerUnreachable", "ConnectionClosed", "RequestTimeout", "TablesMissing"]
+__all__ = ["BrokerUnreachable", "ConnectionClosed", "RequestTimeout", "TablesMissing", "TlsFailed"]
 
 
 class ConnectionClosed(TxbError):
@@ -23,6 +23,14 @@ class BrokerUnreachable(ConnectionClosed):
     deadline; the message names the address and the last failure."""
 
     code = "BROKER_UNREACHABLE"
+
+
+class TlsFailed(TxbError):
+    """A ``txbs://`` connection failed its TLS handshake: the broker's certificate is not
+    trusted (pass ``tls_ca``) or does not name the host, the broker wants a client certificate
+    (``tls_cert``, ``tls_key``), or it does not serve TLS. Not retried: it will fail again."""
+
+    code = "TLS_FAILED"
 
 
 class RequestTimeout(TxbError):

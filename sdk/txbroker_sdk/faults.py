@@ -12,6 +12,13 @@ call does nothing unless the environment arms that point:
 Points: ``before_db_commit`` and ``after_db_commit`` (@transactional), ``after_inbox_commit``
 (@subscriber: committed, not acknowledged), ``relay_after_send`` (outbox relay: published, not
 marked). Unarmed, a point costs one dictionary lookup.
+
+Drops are armed the same way but do not kill: the request is not sent, as if the network had
+lost it, and the process lives on (its spans and logs leave normally). ``drop_end_tx``
+(@transactional: the database committed, the END_TX is never posted; its back-check commits
+the message):
+
+    TXB_FAULTS="drop_end_tx=@1"                  # the first transaction's END_TX is lost
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ from typing import Final
 
 from txbroker.errors import InvalidArgument
 
-__all__ = ["POINTS", "arm", "point"]
+__all__ = ["DROPS", "POINTS", "arm", "dropped", "point"]
 
 POINTS: Final = frozenset(
     {"before_db_commit", "after_db_commit", "after_inbox_commit", "relay_after_send"}
 )
+DROPS: Final = frozenset({"drop_end_tx"})
 
 
 class _Fault:
@@ -50,10 +58,10 @@ def arm(spec: str) -> None:
     armed: dict[str, _Fault] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, sep, value = part.partition("=")
-        if name not in POINTS or not sep:
+        if name not in POINTS | DROPS or not sep:
             raise InvalidArgument(
                 f"bad fault {part!r}: expected name=probability or name=@n, "
-                f"name one of {', '.join(sorted(POINTS))}"
+                f"name one of {', '.join(sorted(POINTS | DROPS))}"
             )
         try:
             if value.startswith("@"):
@@ -73,14 +81,24 @@ def arm(spec: str) -> None:
     _armed.update(armed)
 
 
-def point(name: str) -> None:
-    """Die here, by SIGKILL, if this point is armed and its turn has come."""
+def _hit(name: str) -> bool:
     if not _loaded:
         arm(os.environ.get("TXB_FAULTS", ""))
     fault = _armed.get(name)
     if fault is None:
-        return
+        return False
     fault.passes += 1
-    hit = fault.passes == fault.at if fault.at else random.random() < fault.probability
-    if hit:
+    return fault.passes == fault.at if fault.at else random.random() < fault.probability
+
+
+def point(name: str) -> None:
+    """Die here, by SIGKILL, if this point is armed and its turn has come."""
+    assert name in POINTS, name
+    if _hit(name):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dropped(name: str) -> bool:
+    """True if this drop is armed and its turn has come: skip the request it names."""
+    assert name in DROPS, name
+    return _hit(name)

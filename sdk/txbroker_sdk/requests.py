@@ -18,17 +18,25 @@ __all__ = [
     "Transaction",
     "parse_server_url",
     "prepare_request",
+    "uses_tls",
 ]
 
 DEFAULT_PORT: Final = 9876
 
 
 def parse_server_url(url: str) -> tuple[str, int]:
-    """``txb://host:port`` (or ``host:port``) to (host, port)."""
+    """``txb://host:port``, ``txbs://host:port`` (TLS) or ``host:port`` to (host, port)."""
     parts = urlsplit(url if "://" in url else f"txb://{url}")
-    if parts.scheme != "txb" or not parts.hostname:
-        raise InvalidArgument(f"server address must look like txb://host:port, not {url!r}")
+    if parts.scheme not in ("txb", "txbs") or not parts.hostname:
+        raise InvalidArgument(
+            f"server address must look like txb://host:port (or txbs:// for TLS), not {url!r}"
+        )
     return parts.hostname, parts.port or DEFAULT_PORT
+
+
+def uses_tls(url: str) -> bool:
+    """Whether ``url`` asks for TLS: the scheme ``txbs://``."""
+    return url.startswith("txbs://")
 
 
 def prepare_request(

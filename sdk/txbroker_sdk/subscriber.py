@@ -49,12 +49,21 @@ from typing import Final, Literal
 from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from txbroker.errors import InvalidArgument, TxbError
+from txbroker.errors import (
+    BadRequest,
+    Forbidden,
+    InvalidArgument,
+    InvalidName,
+    ProtocolError,
+    TxbError,
+    Unauthenticated,
+)
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
 from txbroker_sdk.client import Client
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
+from txbroker_sdk.errors import TlsFailed
 from txbroker_sdk.lanes import Lanes
 from txbroker_sdk.preflight import require_tables
 from txbroker_sdk.tables import INBOX, insert_if_absent
@@ -83,6 +92,18 @@ _ADMIT_PER_SLOT: Final = 4
 _PULL: Final = _ADMIT_PER_SLOT
 # Retrying a fetch while the broker is unreachable: doubling from 0.1 s up to this.
 _MAX_BACKOFF_S: Final = 5.0
+# Fetch errors that waiting cannot cure (credentials, access, TLS, a request this SDK built
+# wrong): run() ends with them. Any other error of a fetch (the broker restarting, and its own
+# failures: a store error, an entry it cannot read) is retried from the same position, which
+# moves only with a successful answer, so no message is skipped.
+_FATAL_FETCH: Final = (
+    Unauthenticated,
+    Forbidden,
+    TlsFailed,
+    BadRequest,
+    InvalidName,
+    ProtocolError,
+)
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 # Committing offsets on the way out gets the rest of the grace, but at least this: handlers that
 # used the whole grace must not cost the commit of the messages that did finish.
@@ -128,14 +149,21 @@ async def apply_once(
             tr.OPERATION_NAME: "process",
             tr.MESSAGE_ID: m.message_id,
             tr.CONSUMER_GROUP: group,
+            tr.PARTITION: str(m.queue_id),
         }
         with tr.tracer(__name__).start_as_current_span(
             f"process {m.topic}",
             context=tr.context_from(m.headers.get("traceparent")),
             kind=SpanKind.CONSUMER,
             attributes=attrs,
-        ):
-            return await _apply_once(sessions, group, msg, handler)
+        ) as span:
+            try:
+                return await _apply_once(sessions, group, msg, handler)
+            except Exception as e:  # recorded as an exception event too, by the span
+                span.set_attribute(
+                    tr.ERROR_TYPE, e.code if isinstance(e, TxbError) else type(e).__name__
+                )
+                raise
     return await _apply_once(sessions, group, msg, handler)
 
 
@@ -188,6 +216,7 @@ class Subscribers:
         self.applied = 0
         self.skipped = 0
         self.failed = 0
+        self.fetch_errors = 0  # fetches that failed and were retried
 
     def subscriber(
         self, topic: str, *, group: str, concurrency: int = 1, order: Order = "queue"
@@ -258,12 +287,15 @@ class Subscribers:
                 try:
                     batch = await _unless_stopped(consumer.fetch(), stop)
                 except TxbError as e:
-                    if not e.retriable:
+                    if isinstance(e, _FATAL_FETCH):
                         raise
-                    # The broker restarted or the connection dropped: the client
-                    # reconnects on the next request; the handlers keep their messages.
+                    # The broker restarted or the connection dropped (the client reconnects on
+                    # the next request), or the broker failed this pull: the same position is
+                    # asked again, the handlers keep their messages, nothing is skipped.
                     backoff_s = min(max(backoff_s * 2, 0.1), _MAX_BACKOFF_S)
-                    log.warning("fetch from %s failed (%s); retrying", sub.topic, e)
+                    self.fetch_errors += 1
+                    level = logging.WARNING if e.retriable else logging.ERROR
+                    log.log(level, "fetch from %s failed (%r); retrying", sub.topic, e)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), backoff_s)
                     continue

@@ -198,6 +198,9 @@ class TxPublisher:
                 committing = True  # leaving the block commits
             # The database committed: the message must follow.
             faults.point("after_db_commit")
+            if faults.dropped("drop_end_tx"):
+                log.warning("END_TX of %s dropped (TXB_FAULTS): %s", tx_id, _END_TX_LOST)
+                return result
         except BaseException:
             if committing:
                 # The COMMIT itself failed (a dropped connection, a cancellation): it may have

@@ -53,7 +53,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 
-from txbroker.errors import InvalidArgument, TxbError
+from txbroker.errors import Forbidden, InvalidArgument, TxbError
 from txbroker.runtime.tracing import flush_tracing, setup_tracing
 from txbroker_sdk.barrier import mount
 from txbroker_sdk.client import Client
@@ -130,6 +130,9 @@ class TxbService:
         public_url: str | None = None,
         check_path: str = "/txb/check",
         auth_token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
         relay: Callable[[Client, AsyncEngine], Runner] | None = None,
         topics: Iterable[str] = (),
         migrate: bool = False,
@@ -155,6 +158,7 @@ class TxbService:
         self.check_url = (public_url or "").rstrip("/") + check_path if producer_group else None
         self.check_path = check_path
         self._auth_token = auth_token
+        self._tls = (tls_ca, tls_cert, tls_key)
         self._relay = relay
         self._topics = list(topics)
         self._migrate = migrate
@@ -312,13 +316,20 @@ class TxbService:
         return engine
 
     async def _connect(self, stack: contextlib.AsyncExitStack, deadline: _Deadline) -> Client:
-        client = Client(self.broker, auth_token=self._auth_token)  # reconnects when dropped
+        # Reconnects when dropped; TLS with a txbs:// broker URL.
+        ca, cert, key = self._tls
+        client = Client(
+            self.broker, auth_token=self._auth_token, tls_ca=ca, tls_cert=cert, tls_key=key
+        )
         stack.push_async_callback(_bounded, client.close, deadline, "closing the client")
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 await client.ping()
                 for topic in self._all_topics():
-                    await client.create_topic(topic, exist_ok=True)
+                    try:
+                        await client.create_topic(topic, exist_ok=True)
+                    except Forbidden:  # a produce or consume token: an operator made it
+                        log.info("topic %s: not created (the token is not admin)", topic)
         except TimeoutError:
             raise TxbError(
                 f"cannot reach the broker at {self.broker} within {self.connect_timeout_s} s"

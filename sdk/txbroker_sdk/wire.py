@@ -59,6 +59,8 @@ class Wire(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._current():
             reason = f"connection lost: {exc}" if exc is not None else "the connection closed"
-            self._client._fail(ConnectionClosed(reason))
+            err = ConnectionClosed(reason)
+            err.__cause__ = exc  # an ssl.SSLError tells the client why TLS ended
+            self._client._fail(err)
         if not self.lost.done():
             self.lost.set_result(None)

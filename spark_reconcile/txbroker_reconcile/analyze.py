@@ -38,6 +38,7 @@ _LOG_COLUMNS = (
     "segment",
     "position",
     "topic",
+    "born_ms",
     "store_ms",
     "message_id",
     "idempotency_key",
@@ -46,6 +47,7 @@ _LOG_COLUMNS = (
     "producer_group",
     "target_topic",
     "timeout_ms",
+    "tx_state",
     "corrupt",
 )
 

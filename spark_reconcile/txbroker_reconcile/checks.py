@@ -165,11 +165,21 @@ def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:
         & ~F.col("topic").isin(HALF_TOPIC, OP_TOPIC)
     ).select("tx_id")
     decided = i.ops.where(F.col("tx_op").isin("commit", "rollback")).select("tx_id")
-    last_park = Window.partitionBy("tx_id").orderBy(F.col("position").desc())
-    parked = (
+    # Parked: the latest park/resume op is a park, or a half copied forward after it (its op
+    # records may be gone with their segment) says parked.
+    last = Window.partitionBy("tx_id").orderBy(F.col("position").desc())
+    events = (
         i.ops.where(F.col("tx_op").isin("park", "resume"))
-        .withColumn("n", F.row_number().over(last_park))
-        .where((F.col("n") == 1) & (F.col("tx_op") == "park"))
+        .select("tx_id", "position", (F.col("tx_op") == "park").alias("is_parked"))
+        .unionByName(
+            i.halves.where(F.col("tx_state").isNotNull()).select(
+                "tx_id", "position", (F.col("tx_state") == "parked").alias("is_parked")
+            )
+        )
+    )
+    parked = (
+        events.withColumn("n", F.row_number().over(last))
+        .where((F.col("n") == 1) & F.col("is_parked"))
         .select("tx_id", F.lit(True).alias("parked"))
     )
     open_halves = (

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from txbroker.protocol.names import SYSTEM_PREFIX
 from txbroker.tx.state import HALF_TOPIC, OP_TOPIC
@@ -63,7 +64,18 @@ class Inputs:
 
     @property
     def halves(self) -> DataFrame:
-        return self.records.where(F.col("topic") == HALF_TOPIC)
+        """Half messages, one per transaction. The broker copies an open one forward so it
+        outlives retention (``txbroker/tx/reput.py``): the copies are one transaction, the
+        newest says its state (``tx_state``), and ``store_ms`` is the PREPARE's (a copy
+        keeps it as its born time)."""
+        newest = Window.partitionBy("tx_id").orderBy(F.col("position").desc())
+        return (
+            self.records.where(F.col("topic") == HALF_TOPIC)
+            .withColumn("_n", F.row_number().over(newest))
+            .where(F.col("_n") == 1)
+            .drop("_n")
+            .withColumn("store_ms", F.least("born_ms", "store_ms"))
+        )
 
     @property
     def ops(self) -> DataFrame:

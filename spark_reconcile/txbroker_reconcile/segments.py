@@ -43,6 +43,7 @@ from txbroker.tx.state import (
     PROP_GROUP,
     PROP_HALF_PHYS,
     PROP_OP,
+    PROP_STATE,
     PROP_TARGET_TOPIC,
     PROP_TIMEOUT,
     PROP_TX,
@@ -79,6 +80,9 @@ LOG_SCHEMA: Final = pa.schema(
         ("target_topic", pa.string()),  # a half message's topic once committed
         ("timeout_ms", pa.int64()),  # a half message's first back-check delay
         ("half_position", pa.int64()),  # an op record's half message
+        # prepared | parked, on a half message copied forward (it outlives retention): the
+        # transaction's state when copied
+        ("tx_state", pa.string()),
         ("body_bytes", pa.int32()),
         ("corrupt", pa.string()),  # why this position does not hold a valid record, else null
     ]
@@ -140,11 +144,12 @@ class _Props(msgspec.Struct, frozen=True, gc=False):
     target_topic: str | None = msgspec.field(default=None, name=PROP_TARGET_TOPIC)
     timeout_ms: int | None = msgspec.field(default=None, name=PROP_TIMEOUT)
     half_position: int | None = msgspec.field(default=None, name=PROP_HALF_PHYS)
+    tx_state: str | None = msgspec.field(default=None, name=PROP_STATE)
 
 
 _props_decoder: Final = msgspec.msgpack.Decoder(_Props, strict=False)
 _NO_PROPS: Final = msgspec.structs.astuple(_Props())
-assert _Props.__struct_fields__ == tuple(LOG_SCHEMA.names[9:21])
+assert _Props.__struct_fields__ == tuple(LOG_SCHEMA.names[9:22])
 
 
 class _Rows:

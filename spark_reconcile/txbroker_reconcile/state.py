@@ -141,7 +141,8 @@ class State:
         path = self.dir / name
         if not path.exists() or not any(path.glob("run=*")):
             return None
-        return spark.read.parquet(str(path))
+        # Runs of an earlier version may lack a column added since (the log's tx_state).
+        return spark.read.option("mergeSchema", "true").parquet(str(path))
 
     def runs(self, name: str) -> int:
         """How many runs' folders ``name`` holds."""

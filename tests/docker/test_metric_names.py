@@ -20,7 +20,7 @@ NAME = re.compile(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b")
 LABELS = re.compile(r"\{[^}]*\}|\b(?:by|without)\s*\([^)]*\)|\[[^\]]*\]|\"[^\"]*\"")
 PROMQL = {
     "sum", "rate", "histogram_quantile", "max", "min", "avg", "count", "increase",
-    "irate", "by", "without", "and", "or", "unless", "le",
+    "irate", "by", "without", "and", "or", "unless", "le", "time",
 }  # fmt: skip
 
 
@@ -54,8 +54,17 @@ def test_names_are_parsed_out_of_promql() -> None:
 async def test_dashboard_and_rules_query_exported_metrics(tmp_path: Path) -> None:
     wanted = referenced()
     assert len(wanted) >= 8, wanted
+    # A run's summary where the broker looks for one: the reconciliation's series exist then.
+    from txbroker_reconcile.summary import SUMMARY_VERSION, write_summary
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    summary = {"version": SUMMARY_VERSION, "as_of_ms": 1, "clean": True, "anomalies": {"x": 0}}
+    write_summary(summary, reports)
     b = BrokerProcess(
         tmp_path / "broker",
+        "--reconcile-reports",
+        str(reports),
         "--tx-secret",
         "shop=s3cret",
         "--check-backoff-base-ms",

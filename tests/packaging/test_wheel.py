@@ -54,6 +54,10 @@ def test_the_wheel_installs_only_txbroker_packages_with_their_data(tmp_path: Pat
     assert "txbroker_migrations/env.py" in names
     assert "txbroker_migrations/script.py.mako" in names
     assert any(n.startswith("txbroker_migrations/versions/0001_") for n in names)
+    # The console renders these at run time: every template and the stylesheet ship.
+    console = ROOT / "txbroker" / "console"
+    for f in [*console.glob("templates/*.html"), console / "static" / "console.css"]:
+        assert f"txbroker/console/{f.relative_to(console).as_posix()}" in names, f
     for pkg in PACKAGES - {"txbroker_migrations"}:
         assert f"{pkg}/py.typed" in names, f"{pkg} ships no py.typed"
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))

@@ -91,3 +91,64 @@ def test_random_bytes_are_refused_quickly() -> None:
     with pytest.raises(ProtocolError):
         for _ in range(100):
             dec.feed(os.urandom(4096))
+
+
+@given(
+    length=st.integers(MAX_FRAME_BYTES + 1, 2**32 - 1),
+    before=FRAMES,
+    split=st.integers(0, 3),
+)
+def test_every_oversized_length_is_refused_as_soon_as_it_is_visible(
+    length: int, before: list[tuple[int, int, int, bytes]], split: int
+) -> None:
+    """Any u32 length over the limit, after valid frames, whether its 4 bytes come in one
+    chunk or split: refused without waiting for (or buffering) the body it claims."""
+    stream = b"".join(encode_frame(k, o, c, b) for k, o, c, b in before)
+    prefix = length.to_bytes(4, "big")
+    dec = FrameDecoder()
+    assert len(dec.feed(stream + prefix[:split])) == len(before)
+    with pytest.raises(FrameTooLarge):
+        dec.feed(prefix[split:])
+    assert dec.broken and dec.buffered == 0
+
+
+@given(prefix=st.integers(2**31, 2**63), tail=st.binary(max_size=64))
+def test_eight_byte_length_prefixes_up_to_2_63_are_refused(prefix: int, tail: bytes) -> None:
+    """A peer that writes a 64-bit length (another protocol, or a probe) is read as a 32-bit
+    length and a header: refused (too large once the high word is over the limit) or, when the
+    bytes happen to make a header, waiting for a body that is at most the limit."""
+    dec = FrameDecoder()
+    raw = prefix.to_bytes(8, "big") + tail
+    try:
+        frames = dec.feed(raw)
+    except FrameTooLarge:
+        assert dec.buffered == 0
+    except ProtocolError:
+        assert prefix >> 32 <= MAX_FRAME_BYTES and dec.buffered == 0
+    else:
+        assert prefix >> 32 <= MAX_FRAME_BYTES and dec.buffered <= len(raw)
+        assert all(f.opcode in tuple(Opcode) for f in frames)
+
+
+@given(
+    frames=FRAMES,
+    flips=st.lists(st.tuples(st.integers(0, 50_000), st.integers(1, 255)), min_size=1, max_size=4),
+    chunk=st.integers(1, 4096),
+)
+def test_mutated_streams_yield_frames_refuse_or_wait(
+    frames: list[tuple[int, int, int, bytes]], flips: list[tuple[int, int]], chunk: int
+) -> None:
+    """Valid frames with bytes flipped anywhere: the decoder yields well-formed frames, raises
+    ProtocolError, or waits for more, and never holds more than one frame's worth of bytes."""
+    stream = bytearray(b"".join(encode_frame(k, o, c, b) for k, o, c, b in frames))
+    for where, mask in flips:
+        stream[where % len(stream)] ^= mask
+    dec = FrameDecoder()
+    try:
+        for i in range(0, len(stream), chunk):
+            for f in dec.feed(stream[i : i + chunk]):
+                assert f.kind in tuple(FrameKind) and f.opcode in tuple(Opcode)
+                assert len(f.body) <= MAX_FRAME_BYTES - 8
+            assert dec.buffered <= MAX_FRAME_BYTES + 4
+    except ProtocolError:
+        assert dec.broken and dec.buffered == 0

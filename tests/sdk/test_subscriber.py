@@ -544,3 +544,42 @@ async def test_the_runner_survives_a_broker_restart(
     finally:
         broker.stop()
         await engine.dispose()
+
+
+async def test_the_runner_survives_a_broker_error_on_a_pull_and_skips_nothing(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker answering a PULL with an error of its own (the chaos campaign's
+    InvalidOffset after a store's cut) must not end run(): the same position is asked again
+    and every message is applied once."""
+    from txbroker.errors import InvalidOffset
+
+    engine = create_async_engine(async_url(sqlite_url))
+    broker = await _broker_with_payments(engine, tmp_path)
+    real = Consumer._fetch_own
+    fails = {"left": 3}
+
+    async def flaky(self: Consumer, timeout_ms: int | None = None) -> list[ConsumedMessage]:
+        if self.topic == "orders" and fails["left"]:
+            fails["left"] -= 1
+            raise InvalidOffset("physical offset 27375 is not the start of a record")
+        return await real(self, timeout_ms)
+
+    monkeypatch.setattr(Consumer, "_fetch_own", flaky)
+    try:
+        async with Client(broker.url) as c:
+            await c.create_topic("orders", queues=1)
+            for i in range(5):
+                await c.send("orders", f"o{i}".encode())
+            subs = Subscribers(c, async_sessionmaker(engine))
+            subs.subscriber("orders", group="billing")(_charge)
+            stop = asyncio.Event()
+            runner = _runner(subs, stop)
+            await _until(lambda: subs.applied == 5 or runner.done(), "all applied", timeout_s=30)
+            assert not runner.done(), runner.exception()
+            assert subs.fetch_errors == 3 and subs.applied == 5
+            await _stop(stop, runner)
+        assert await _count(engine) == 5
+    finally:
+        broker.stop()
+        await engine.dispose()

@@ -59,7 +59,6 @@ async def served() -> AsyncIterator[tuple[_Handlers, str]]:
     server = await asyncio.get_running_loop().create_server(
         lambda: Connection(
             handlers,
-            auth_token=None,
             hello=lambda _: HelloOk("test", 1),
             connections=set(),
             direct=direct,

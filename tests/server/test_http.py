@@ -12,7 +12,9 @@ from txbroker_sdk import Client, Consumer
 
 async def test_admin_endpoints(broker: BrokerProcess) -> None:
     async with await Client.connect(broker.url) as c, httpx.AsyncClient(base_url=broker.http) as h:
-        assert (await h.get("/healthz")).json() == {"status": "ok", "store": "open"}
+        health = (await h.get("/healthz")).json()
+        assert (health["status"], health["store"]) == ("ok", "open")
+        assert health["connections"]["authenticated"] == 1  # this client
         await c.create_topic("orders", queues=2)
         r1 = await c.send("orders", b'{"n": 1}', key="order-1", headers={"h": "v"})
         await c.send("orders", b"\xff", key="order-2")

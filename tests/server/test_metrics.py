@@ -154,3 +154,38 @@ def _unreachable(m: Samples) -> float:
     return m.get(
         ("txbroker_tx_checks_total", frozenset({("txbroker_check_outcome", "unreachable")})), 0
     )
+
+
+async def test_latest_reconciliation_summary(tmp_path: Path) -> None:
+    # The job's own writer and the keys analyze() fills: the broker reads what a run leaves.
+    from txbroker_reconcile.summary import SUMMARY_VERSION, write_summary
+
+    reports = tmp_path / "reports"
+    b = BrokerProcess(tmp_path / "broker", "--reconcile-reports", str(reports)).start()
+    try:
+        async with httpx.AsyncClient(base_url=b.http) as h:
+            m = await scrape(h)
+            assert not [k for k in m if k[0].startswith("txbroker_reconcile")], "no run yet"
+            day = reports / "2026-11-25"
+            day.mkdir(parents=True)
+            as_of_ms = 1_795_000_000_000
+            summary = {
+                "version": SUMMARY_VERSION,
+                "as_of_ms": as_of_ms,
+                "clean": False,
+                "anomalies": {"lost_message": 2, "duplicate_apply": 0},
+            }
+            write_summary(summary, day)
+            deadline = time.monotonic() + 10
+            while ("txbroker_reconcile_clean", frozenset()) not in (m := await scrape(h)):
+                assert time.monotonic() < deadline, "the summary never showed on /metrics"
+                await asyncio.sleep(0.2)  # the broker re-reads the folder at most once a second
+    finally:
+        b.stop()
+    assert value(m, "txbroker_reconcile_clean") == 0
+    assert value(m, "txbroker_reconcile_as_of_seconds") == as_of_ms / 1000
+    by_reason = {
+        reason: value(m, "txbroker_reconcile_anomalies", txbroker_reconcile_reason=reason)
+        for reason in ("lost_message", "duplicate_apply")
+    }
+    assert by_reason == {"lost_message": 2, "duplicate_apply": 0}

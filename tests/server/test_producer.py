@@ -63,6 +63,36 @@ async def test_concurrent_sends_with_one_key_store_once(
     assert sum(store.queue_range("orders", q)[1] for q in range(4)) == 1
 
 
+async def test_keyed_batches_store_each_key_once_without_waiting_on_each_other(
+    tmp_path: Path, open_store: OpenStore
+) -> None:
+    """Batches with idempotency keys, concurrent with each other and with single sends over
+    the same keys in opposite orders (two batches that each waited for the other's keys would
+    hang), and a key repeated within a batch: each key stored once."""
+    store = await open_store()
+    prod = Producer(store, _registry(tmp_path / "meta"))
+    ab = [
+        SendRequest("orders", b"a", idempotency_key="a"),
+        SendRequest("orders", b"b", idempotency_key="b"),
+    ]
+    ba = list(reversed(ab))
+    twice = [
+        *ab,
+        SendRequest("orders", b"plain"),
+        SendRequest("orders", b"a2", idempotency_key="a"),
+    ]
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(
+            prod.send_batch(ab), prod.send_batch(ba), prod.send_batch(twice), prod.send(ab[0])
+        )
+    stored = sum(store.queue_range("orders", q)[1] for q in range(4))
+    assert stored == 3  # a, b and the plain one
+    receipts = [*results[0], *results[1], *results[2], results[3]]
+    assert sum(not r.duplicate for r in receipts) == 3
+    of_a = [results[0][0], results[1][1], results[2][0], results[2][3], results[3]]
+    assert len({r.message_id for r in of_a}) == 1
+
+
 async def test_dedup_window_expires(tmp_path: Path, open_store: OpenStore) -> None:
     store = await open_store()
     reg = _registry(tmp_path / "meta")

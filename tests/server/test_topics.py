@@ -1,4 +1,5 @@
-"""The topic registry on real files: create, list, delete, persistence, bad names."""
+"""The topic registry on real files: create, list, delete (with its fence), persistence, bad
+names, the registry format before fences."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from txbroker.errors import InvalidArgument, InvalidName, NotFound, TopicExists
 from txbroker.server.topics import MAX_QUEUES, TopicRegistry
+from txbroker.store import TopicFence
 
 
 def test_create_list_delete_survive_reload(tmp_path: Path) -> None:
@@ -53,3 +55,30 @@ def test_system_topics_cannot_be_deleted(tmp_path: Path) -> None:
     reg.ensure_system("%DLQ%g")
     with pytest.raises(InvalidArgument):
         reg.delete("%DLQ%g")
+
+
+def test_a_deletion_and_its_fence_are_one_durable_write(tmp_path: Path) -> None:
+    reg = TopicRegistry(tmp_path)
+    reg.load()
+    reg.create("orders", 2)
+    reg.delete("orders", TopicFence(1234, {0: 5, 1: 7}))
+    again = TopicRegistry(tmp_path)
+    again.load()
+    assert not again.exists("orders")
+    assert again.fences == {"orders": TopicFence(1234, {0: 5, 1: 7})}
+    again.create("orders", 2)  # the name again; the fence stays while the topic numbers on
+    again.forget_fences(["orders"])
+    third = TopicRegistry(tmp_path)
+    third.load()
+    assert third.fences == {} and third.exists("orders")
+
+
+def test_a_registry_written_before_fences_still_loads(tmp_path: Path) -> None:
+    (tmp_path / "topics.json").write_text(
+        '[{"name":"orders","queues":4,"created_ms":1},'
+        '{"name":"%HALF","queues":1,"created_ms":1,"system":true}]'
+    )
+    reg = TopicRegistry(tmp_path)
+    reg.load()
+    assert reg.get("orders").queues == 4 and reg.fences == {}
+    assert [t.name for t in reg.list(include_system=True)] == ["%HALF", "orders"]

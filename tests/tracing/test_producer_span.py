@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from tests.tx.conftest import GROUP, tx_broker
@@ -42,6 +42,10 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 async def _noop(session: AsyncSession, msg: ConsumedMessage) -> None:
     pass
+
+
+async def _boom(session: AsyncSession, msg: ConsumedMessage) -> None:
+    raise ValueError("a handler that fails")
 
 
 async def _place(engine: AsyncEngine, tmp_path: Path, sent: list[Any], handled: list[Any]) -> None:
@@ -74,6 +78,8 @@ async def _place(engine: AsyncEngine, tmp_path: Path, sent: list[Any], handled: 
                 (msg,) = await consumer.fetch(timeout_ms=5000)
                 handled.append(msg.msg)
                 assert await apply_once(async_sessionmaker(engine), "billing", msg, _noop)
+                with pytest.raises(ValueError):
+                    await apply_once(async_sessionmaker(engine), "broken", msg, _boom)
                 msg.ack()
     finally:
         broker.stop()
@@ -85,16 +91,18 @@ async def test_send_span_is_a_producer_span_with_semconv_attributes(
     sent: list[Any] = []
     handled: list[Any] = []
     await _place(engine, tmp_path, sent, handled)
-    span, process = sorted(spans.get_finished_spans(), key=lambda s: s.kind != SpanKind.PRODUCER)
+    span, process, failed = sorted(
+        spans.get_finished_spans(), key=lambda s: (s.kind != SpanKind.PRODUCER, s.start_time)
+    )
     assert span.name == "send orders" and span.kind == SpanKind.PRODUCER
     attrs = dict(span.attributes or {})
     assert attrs["messaging.system"] == "txbroker"
     assert attrs["messaging.destination.name"] == "orders"
     assert attrs["messaging.operation.type"] == "send"
-    assert attrs["txbroker.producer_group"] == GROUP
+    assert attrs["txbroker.producer.group"] == GROUP
     assert attrs["txbroker.tx.phase"] == "commit"
     (prepare,) = sent
-    assert attrs["txbroker.tx_id"] == prepare.tx_id
+    assert attrs["txbroker.tx.id"] == prepare.tx_id
     ctx = span.get_span_context()
     assert prepare.traceparent.startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
     (pulled,) = handled
@@ -107,6 +115,13 @@ async def test_send_span_is_a_producer_span_with_semconv_attributes(
     assert pattrs["messaging.consumer.group.name"] == "billing"
     assert pattrs["messaging.message.id"] == pulled.message_id
     assert pattrs["messaging.destination.name"] == "orders"
+    assert pattrs["messaging.destination.partition.id"] == "0"
+    assert "error.type" not in pattrs
+    # A handler that raises: its span says what failed.
+    fattrs = dict(failed.attributes or {})
+    assert fattrs["messaging.consumer.group.name"] == "broken"
+    assert fattrs["error.type"] == "ValueError"
+    assert failed.status.status_code == StatusCode.ERROR
 
 
 async def test_tracing_off_sends_no_traceparent(engine: AsyncEngine, tmp_path: Path) -> None:

@@ -107,7 +107,9 @@ async def create_tables(engine: AsyncEngine) -> None:
 def postgresql_server(url: str) -> URL:
     """``url`` parsed; InvalidArgument (worded for the bench's flag) unless it is PostgreSQL."""
     try:
-        return scratchdb.postgresql_server(url)
+        # Annotated: mypy may see the lazily loaded txbroker_sdk.testing as Any.
+        server: URL = scratchdb.postgresql_server(url)
+        return server
     except InvalidArgument:
         raise InvalidArgument(
             f"--database-url must be postgresql://...; leave it out for SQLite, not {url!r}"

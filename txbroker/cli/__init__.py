@@ -20,6 +20,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     from txbroker.cli import (
         bench,
+        chaos,
         db,
         dlq,
         groups,
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The order of `txbroker --help`: running the broker, using it, a service's side, figures.
-    for group in (serve, topics, messages, tx, groups, dlq, db, outbox, reconcile, bench):
+    for group in (serve, topics, messages, tx, groups, dlq, db, outbox, reconcile, bench, chaos):
         group.register(sub)
     return p
 

@@ -1,5 +1,7 @@
-"""`txbroker bench store|produce|e2e|tx|service|disk|recovery|reconcile`: figures, printed.
+"""`txbroker bench store|produce|e2e|tx|service|disk|recovery|tx-recovery|growth|reconcile|peers`:
+figures.
 
+`bench peers` (against RabbitMQ and NATS JetStream) has its options and tables in bench_peers.py.
 Each prints a summary (medians over ``--runs``), or one JSON object with ``--json``. Progress
 goes to stderr: a bar on a terminal, a line per finished run in a log, nothing with --json.
 """
@@ -11,8 +13,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from txbroker.cli.bench_fuzz import register_fuzz
+from txbroker.cli.bench_peers import register_peers
 from txbroker.cli.common import Subparsers, non_negative, positive, run
-from txbroker.cli.output import RunProgress, status
+from txbroker.cli.output import RunProgress, note, status
 from txbroker.errors import InvalidArgument
 
 __all__ = ["register"]
@@ -133,6 +137,37 @@ def register(sub: Subparsers) -> None:
     br.add_argument("--json", action="store_true", help="print one JSON object")
     br.set_defaults(func=_recovery)
 
+    btr = bsub.add_parser(
+        "tx-recovery", help="restart time with one old open transaction and many later ones"
+    )
+    btr.add_argument(
+        "--transactions", type=positive, default=100_000, help="resolved after the old one"
+    )
+    btr.add_argument("--producers", type=positive, default=64, help="concurrent producers")
+    btr.add_argument(
+        "--flush", choices=["sync", "async"], default="async", help="durability (default async)"
+    )
+    btr.add_argument("--data-dir", help="where to put the broker's data (default: $TMPDIR)")
+    btr.add_argument("--json", action="store_true", help="print one JSON object")
+    btr.set_defaults(func=_tx_recovery)
+
+    bg = bsub.add_parser(
+        "growth", help="broker memory and start-up time with 1M, 10M stored messages and groups"
+    )
+    bg.add_argument(
+        "--messages",
+        type=positive,
+        nargs="+",
+        default=[1_000_000, 10_000_000],
+        help="stored 1 KiB messages to start on (several: the store grows from one to the next)",
+    )
+    bg.add_argument(
+        "--groups", type=int, default=100_000, help="consumer groups' offsets added at the end"
+    )
+    bg.add_argument("--data-dir", help="where to put the temporary store (default: $TMPDIR)")
+    bg.add_argument("--json", action="store_true", help="print one JSON object per point")
+    bg.set_defaults(func=_growth)
+
     brc = bsub.add_parser(
         "reconcile",
         help="the Spark reconciliation's time on N transactions with injected anomalies",
@@ -155,6 +190,10 @@ def register(sub: Subparsers) -> None:
     brc.add_argument("--data-dir", help="where the commit log is written (default: $TMPDIR)")
     brc.add_argument("--json", action="store_true", help="print one JSON object per size")
     brc.set_defaults(func=_reconcile)
+
+    register_fuzz(bsub)
+
+    register_peers(bsub)
 
 
 def _store(args: argparse.Namespace) -> int:
@@ -271,7 +310,6 @@ def _disk(args: argparse.Namespace) -> int:
 
 def _reconcile(args: argparse.Namespace) -> int:
     from txbroker.bench.reconcile_bench import bench_reconcile, format_reconcile
-    from txbroker.cli.output import note
 
     try:
         sizes = [int(s.replace("_", "")) for s in args.rows.split(",")]
@@ -298,6 +336,32 @@ def _reconcile(args: argparse.Namespace) -> int:
     if not args.json:
         print(format_reconcile(results))
     return 0 if all(r.exact for r in results) else 1
+
+
+def _growth(args: argparse.Namespace) -> int:
+    from txbroker.bench.growth_bench import bench_growth, format_growth
+
+    points = run(
+        bench_growth(
+            args.messages, args.groups, _root(args), say=(lambda _s: None) if args.json else note
+        )
+    )
+    if args.json:
+        for p in points:
+            print(json.dumps(asdict(p)), flush=True)
+    else:
+        print(format_growth(points))
+    return 0
+
+
+def _tx_recovery(args: argparse.Namespace) -> int:
+    from txbroker.bench.tx_recovery_bench import bench_tx_recovery, format_tx_recovery
+
+    what = f"1 old open transaction and {args.transactions:,} resolved, then restarts ..."
+    with status(what, enabled=not args.json):
+        res = bench_tx_recovery(args.transactions, args.producers, args.flush, _root(args))
+    print(json.dumps(asdict(res)) if args.json else format_tx_recovery(res))
+    return 0
 
 
 def _recovery(args: argparse.Namespace) -> int:

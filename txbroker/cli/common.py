@@ -17,6 +17,7 @@ __all__ = [
     "add_broker_options",
     "add_database_option",
     "auth_token",
+    "client_options",
     "database_url",
     "non_negative",
     "positive",
@@ -63,8 +64,24 @@ def non_negative(text: str) -> int:
 
 
 def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
-    p.add_argument("--server", help=f"txb://host:port (TXB_SERVER; default {DEFAULT_SERVER})")
+    p.add_argument(
+        "--server",
+        help=f"txb://host:port, txbs:// for TLS (TXB_SERVER; default {DEFAULT_SERVER})",
+    )
     p.add_argument("--auth-token", help="token for a broker started with one (TXB_AUTH_TOKEN)")
+    p.add_argument(
+        "--tls-ca", metavar="PEM", help="txbs://: the CA that signed the broker's certificate "
+        "(TXB_TLS_CA; default: the system's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tls-client-cert", metavar="PEM", help="txbs:// with mutual TLS: this client's "
+        "certificate (TXB_TLS_CLIENT_CERT); its key is --tls-client-key (TXB_TLS_CLIENT_KEY)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tls-client-key",
+        metavar="PEM",
+        help="the private key of --tls-client-cert (TXB_TLS_CLIENT_KEY)",
+    )
     p.add_argument("--json", action="store_true", help=json_help)
 
 
@@ -77,6 +94,19 @@ def auth_token(args: argparse.Namespace) -> str | None:
     return token
 
 
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``Client`` the broker options give: the token and TLS files."""
+    env = os.environ
+    options: dict[str, Any] = {"auth_token": auth_token(args)}
+    if server_url(args).startswith("txbs://"):  # the TLS files mean nothing to a plain URL
+        options["tls_ca"] = getattr(args, "tls_ca", None) or env.get("TXB_TLS_CA")
+        options["tls_cert"] = getattr(args, "tls_client_cert", None) or env.get(
+            "TXB_TLS_CLIENT_CERT"
+        )
+        options["tls_key"] = getattr(args, "tls_client_key", None) or env.get("TXB_TLS_CLIENT_KEY")
+    return options
+
+
 def with_client(
     fn: Callable[[Any, argparse.Namespace], Coroutine[Any, Any, int]],
 ) -> Callable[[argparse.Namespace], int]:
@@ -86,7 +116,7 @@ def with_client(
         async def main() -> int:
             from txbroker_sdk import Client
 
-            async with await Client.connect(server_url(args), auth_token=auth_token(args)) as c:
+            async with await Client.connect(server_url(args), **client_options(args)) as c:
                 return await fn(c, args)
 
         return run(main())

@@ -9,7 +9,7 @@ import logging
 from txbroker.cli.common import (
     Subparsers,
     add_database_option,
-    auth_token,
+    client_options,
     database_url,
     positive,
     run,
@@ -57,7 +57,7 @@ def _relay(args: argparse.Namespace) -> int:
             batch_size=args.batch,
             ordered=not args.unordered,
             poll_interval_s=args.poll_interval,
-            auth_token=auth_token(args),
+            **client_options(args),
         )
     )
     return 0

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from txbroker.cli.common import Subparsers, positive, run
+from txbroker.cli.common import Subparsers, non_negative, positive, run
 from txbroker.runtime.tracing import setup_tracing
 
 if TYPE_CHECKING:
@@ -37,8 +37,20 @@ def register(sub: Subparsers) -> None:
     sv.add_argument("--port", type=int, help="TCP port (default 9876; 0 picks a free one)")
     sv.add_argument("--http-port", type=int, help="HTTP admin port (default 9877)")
     sv.add_argument("--flush", choices=["sync", "async"], help="durability mode (default sync)")
-    sv.add_argument("--auth-token", help="clients must present this token (TXB_AUTH_TOKEN)")
+    sv.add_argument("--auth-token", help="an admin token clients must present (TXB_AUTH_TOKEN)")
     sv.add_argument("--config", help="TOML file with any of the settings (names as in the docs)")
+    sv.add_argument(
+        "--trace-url",
+        metavar="URL",
+        help="the console links each transaction to its trace here: a trace UI's URL with "
+        "{trace_id} in it, e.g. 'http://jaeger:16686/trace/{trace_id}' (TXB_TRACE_URL)",
+    )
+    sv.add_argument(
+        "--reconcile-reports",
+        metavar="DIR",
+        help="where `txbroker reconcile --out` writes: the console shows the newest "
+        "summary.json in DIR or its subfolders (TXB_RECONCILE_REPORTS)",
+    )
     sv.add_argument(
         "--tx-secret",
         action="append",
@@ -97,7 +109,120 @@ def register(sub: Subparsers) -> None:
         metavar="MS",
         help="how long one check may take (TXB_CHECK_TIMEOUT_MS; default 3000)",
     )
+    _connection_flags(sv)
+    _security_flags(sv)
+    _retention_flags(sv)
     sv.set_defaults(func=_serve)
+
+
+def _hours(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _retention_flags(sv: argparse.ArgumentParser) -> None:
+    ret = sv.add_argument_group(
+        "retention",
+        "Whole commit-log segments are deleted once their newest record is older than the "
+        "age limit, or while the log is larger than the size limit; open and parked "
+        "transactions' half messages are copied forward first. See docs/operations.md, "
+        "'Retention'.",
+    )
+    age = ret.add_mutually_exclusive_group()
+    age.add_argument(
+        "--retention-hours",
+        type=_hours,
+        metavar="H",
+        help="age limit in hours, e.g. 24 or 0.5; 0: none (default 72)",
+    )
+    age.add_argument(
+        "--retention-ms",
+        type=non_negative,
+        metavar="MS",
+        help="age limit in ms; 0: none (TXB_RETENTION_MS; default 259200000, 72 h)",
+    )
+    ret.add_argument(
+        "--retention-bytes",
+        type=non_negative,
+        metavar="N",
+        help="size limit of the log in bytes, at least one segment; 0: none "
+        "(TXB_RETENTION_BYTES; default 0)",
+    )
+    ret.add_argument(
+        "--retention-check-interval-ms",
+        type=positive,
+        metavar="MS",
+        help="how often the limits are looked at, at least 1000 "
+        "(TXB_RETENTION_CHECK_INTERVAL_MS; default 10000)",
+    )
+
+
+def _security_flags(sv: argparse.ArgumentParser) -> None:
+    sec = sv.add_argument_group(
+        "access control and TLS",
+        "Tokens with roles (produce, consume, read, admin) and topic patterns, and TLS on the "
+        "TCP and HTTP listeners. See docs/operations.md, 'Security'.",
+    )
+    sec.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="TOML file of [[tokens]] entries: name, token_sha256 (or token), roles, topics "
+        "(TXB_TOKENS_FILE)",
+    )
+    sec.add_argument(
+        "--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (TXB_TLS_CERT)"
+    )
+    sec.add_argument("--tls-key", metavar="PEM", help="the certificate's key (TXB_TLS_KEY)")
+    sec.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
+    )
+
+
+def _connection_flags(sv: argparse.ArgumentParser) -> None:
+    conns = sv.add_argument_group(
+        "connection limits",
+        "At most --max-connections (lowered at start to what the open-file limit allows); those "
+        "that have not completed HELLO may hold all but --reserved-connections of them, the "
+        "oldest making room for newer ones, so a flood of idle sockets cannot lock out a real "
+        "client. See docs/operations.md, 'Connection limits'.",
+    )
+    conns.add_argument(
+        "--max-connections",
+        type=positive,
+        metavar="N",
+        help="client connections open at once (TXB_MAX_CONNECTIONS; default 10000)",
+    )
+    conns.add_argument(
+        "--reserved-connections",
+        type=non_negative,
+        metavar="N",
+        help="slots only authenticated connections may take (TXB_RESERVED_CONNECTIONS; "
+        "default a tenth of --max-connections)",
+    )
+    conns.add_argument(
+        "--handshake-timeout-ms",
+        type=positive,
+        metavar="MS",
+        help="a connection must complete HELLO this soon (TXB_HANDSHAKE_TIMEOUT_MS; default 5000)",
+    )
+    conns.add_argument(
+        "--idle-timeout-ms",
+        type=non_negative,
+        metavar="MS",
+        help="close an authenticated connection silent this long with nothing in flight; 0: "
+        "never (TXB_IDLE_TIMEOUT_MS; default 300000)",
+    )
+    conns.add_argument(
+        "--max-frames-per-s",
+        type=non_negative,
+        metavar="N",
+        help="frames one connection may send a second (bursts of twice as many); 0: no limit "
+        "(TXB_MAX_FRAMES_PER_S; default 200000)",
+    )
 
 
 def config_from_args(
@@ -113,6 +238,10 @@ def config_from_args(
         "http_port": args.http_port,
         "flush": args.flush,
         "auth_token": args.auth_token,
+        "tokens_file": args.token_file,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca,
         "repair_truncate": True if args.repair_truncate else None,
         "segment_bytes": args.segment_mib * 1024 * 1024 if args.segment_mib else None,
         "tx_secrets": args.tx_secret or None,
@@ -121,6 +250,20 @@ def config_from_args(
         "check_backoff_cap_ms": args.check_backoff_cap_ms,
         "max_checks": args.max_checks,
         "check_timeout_ms": args.check_timeout_ms,
+        "max_connections": args.max_connections,
+        "reserved_connections": args.reserved_connections,
+        "handshake_timeout_ms": args.handshake_timeout_ms,
+        "idle_timeout_ms": args.idle_timeout_ms,
+        "max_frames_per_s": args.max_frames_per_s,
+        "trace_url": args.trace_url,
+        "reconcile_reports": args.reconcile_reports,
+        "retention_ms": (
+            round(args.retention_hours * 3_600_000)
+            if args.retention_hours is not None
+            else args.retention_ms
+        ),
+        "retention_bytes": args.retention_bytes,
+        "retention_check_interval_ms": args.retention_check_interval_ms,
     }
     if config_file is None and args.config:
         config_file = Path(args.config)
@@ -128,13 +271,14 @@ def config_from_args(
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from txbroker.console import console_routes
     from txbroker.server.app import serve
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = config_from_args(args, os.environ)
-    setup_tracing("txbroker")  # only when OTEL_* asks for traces
+    setup_tracing("txbroker-broker")  # only when OTEL_* asks for traces (the default name)
     log.info(
         "back-checks: first after %d ms, then every %d..%d ms; parked after %d checks",
         config.tx_timeout_ms,
@@ -142,5 +286,11 @@ def _serve(args: argparse.Namespace) -> int:
         config.check_backoff_cap_ms,
         config.max_checks,
     )
-    run(serve(config))
+    log.info(
+        "retention: segments older than %s or beyond %s deleted, looked at every %d ms",
+        f"{config.retention_ms / 3_600_000:g} h" if config.retention_ms else "(no age limit)",
+        f"{config.retention_bytes} bytes" if config.retention_bytes else "(no size limit)",
+        config.retention_check_interval_ms,
+    )
+    run(serve(config, console_routes))  # logs the console's URL once it listens
     return 0

@@ -17,6 +17,16 @@ from txbroker.cli.output import (
 
 __all__ = ["register", "topic_record"]
 
+DELETE_DESCRIPTION = (
+    "Delete a topic, for every reader at once and durably (a crash right after the answer does "
+    "not bring it back): its messages, consumer groups' offsets, retries, dead letters and "
+    "delayed messages are gone, and its open transactions are rolled back (a later commit is "
+    "refused). A topic created again under the name starts empty; its queue offsets go on "
+    "from where the deleted ones ended. The disk space of its queue files is freed at once, "
+    "that of its messages when retention deletes the commit-log segments holding them "
+    "(see docs/operations.md, Deleting a topic)."
+)
+
 
 def register(sub: Subparsers) -> None:
     t = sub.add_parser("topic", help="create, list, describe or delete topics")
@@ -39,7 +49,11 @@ def register(sub: Subparsers) -> None:
     add_broker_options(p, json_help="print the description as one JSON object")
     p.set_defaults(func=with_client(_describe))
 
-    p = tsub.add_parser("delete", help="delete a topic")
+    p = tsub.add_parser(
+        "delete",
+        help="delete a topic and everything it holds, for good",
+        description=DELETE_DESCRIPTION,
+    )
     p.add_argument("name", help="topic name")
     add_broker_options(p, json_help='print {"deleted": NAME}')
     p.set_defaults(func=with_client(_delete))

@@ -48,6 +48,11 @@ class Hello(msgspec.Struct, frozen=True):
     client_id: str = ""
     auth_token: str | None = None
 
+    def __repr__(self) -> str:
+        # A request may be logged (a failed or posted one is): never with its token.
+        token = "<hidden>" if self.auth_token is not None else "None"
+        return f"Hello(client_id={self.client_id!r}, auth_token={token})"
+
 
 class HelloOk(msgspec.Struct, frozen=True):
     server_version: str
@@ -365,6 +370,9 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
 }
 
 _encoder = msgspec.msgpack.Encoder()
+# What msgspec raises on bytes that are not the type: DecodeError (ValidationError is one), and
+# UnicodeDecodeError for a str field that is not UTF-8, which it lets through as it is.
+_UNDECODABLE: Final = (msgspec.DecodeError, UnicodeDecodeError)
 _decoders: dict[object, msgspec.msgpack.Decoder[Any]] = {}
 
 
@@ -386,21 +394,25 @@ def decode_request(opcode: int, body: bytes) -> Any:
         raise BadRequest(f"opcode {opcode} is not served")
     try:
         return _decoder(t).decode(body)
-    except msgspec.DecodeError as e:
+    except _UNDECODABLE as e:
         raise BadRequest(f"malformed {Opcode(opcode).name} request: {e}") from e
 
 
 def decode_response(opcode: int, body: bytes) -> Any:
-    t = RESPONSE_TYPES[opcode]
+    """The response Struct for ``opcode``; ``BadRequest`` (with the reason) if malformed, or if
+    the opcode has no response body (STREAM, LOOKUP, a number outside ``Opcode``)."""
+    t = RESPONSE_TYPES.get(opcode)
+    if t is None:
+        raise BadRequest(f"opcode {opcode} has no response body")
     try:
         return _decoder(t).decode(body)
-    except msgspec.DecodeError as e:
+    except _UNDECODABLE as e:
         raise BadRequest(f"malformed {Opcode(opcode).name} response: {e}") from e
 
 
 def decode_error(body: bytes) -> ErrorBody:
     try:
         err: ErrorBody = _decoder(ErrorBody).decode(body)
-    except msgspec.DecodeError as e:
+    except _UNDECODABLE as e:
         return ErrorBody("PROTOCOL_ERROR", f"unreadable error frame: {e}")
     return err

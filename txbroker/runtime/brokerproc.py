@@ -7,6 +7,7 @@ addresses from it; the ready line's layout is written once, here and in ``server
 from __future__ import annotations
 
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -21,22 +22,33 @@ START_TIMEOUT_S = 30.0
 
 
 def parse_ready(line: str) -> tuple[str, str]:
-    """``txbroker ready tcp=H:P http=H:P ...`` to (txb://H:P, http://H:P)."""
+    """``txbroker ready tcp=H:P http=H:P ...`` to (txb://H:P, http://H:P); with ``tls=on``,
+    (txbs://H:P, https://H:P)."""
     if not line.startswith(READY_PREFIX):
         raise ValueError(f"not the broker's ready line: {line!r}")
     fields = dict(f.split("=", 1) for f in line.split()[2:] if "=" in f)
+    if fields.get("tls") == "on":
+        return f"txbs://{fields['tcp']}", f"https://{fields['http']}"
     return f"txb://{fields['tcp']}", f"http://{fields['http']}"
 
 
 class BrokerProcess:
     """`txbroker serve --data-dir DATA_DIR --port 0 --http-port 0 *extra`; stderr goes to
     ``<data_dir>.log`` beside the data directory (a file, not a pipe nobody reads: a chatty
-    broker must never block on it)."""
+    broker must never block on it). ``nofile`` starts it with that (soft, hard) RLIMIT_NOFILE,
+    as a system with a low open-file limit would."""
 
-    def __init__(self, data_dir: Path, *extra: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        env: Mapping[str, str] | None = None,
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.env = dict(env or {})
+        self.nofile = nofile
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.http = ""
@@ -59,7 +71,12 @@ class BrokerProcess:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **self.env}
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, **self.env},
+                preexec_fn=self._limit_files if self.nofile is not None else None,
             )
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
@@ -69,6 +86,11 @@ class BrokerProcess:
             raise RuntimeError(f"broker did not start: {line!r}; see {self.log_path}")
         self.url, self.http = parse_ready(line)
         return self
+
+    def _limit_files(self) -> None:
+        """In the child, before exec (async-signal-safe: one system call)."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import sys
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from starlette.routing import BaseRoute, Mount
 
 from txbroker import __version__
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.runtime.brokerproc import READY_PREFIX
+from txbroker.runtime.fdlimit import FileLimit, open_files, raise_nofile_limit
 from txbroker.runtime.httpserve import HttpServer
 from txbroker.runtime.signals import stop_on_signals
+from txbroker.runtime.tls import TlsFiles, server_context
+from txbroker.server.access import Access
 from txbroker.server.admin import Admin
+from txbroker.server.admission import FILES_MARGIN, Admission, Limits, fit_limits
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
+from txbroker.server.deletion import TopicDeletion
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_direct_handlers, build_handlers
 from txbroker.server.http import build_http_app
@@ -24,21 +34,34 @@ from txbroker.server.longpoll import Notifier
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
+from txbroker.server.tlslisten import TlsListener
 from txbroker.server.topics import TopicRegistry
 from txbroker.server.txports import TxPublishing
 from txbroker.store import MessageStore, StoreConfig
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx.checker import BackChecker, CheckSettings
 from txbroker.tx.coordinator import TxCoordinator, TxSettings
+from txbroker.tx.reput import COMPACT_INTERVAL_S, HalfMover
 
 __all__ = ["BrokerServer", "serve"]
 
 log = logging.getLogger(__name__)
 
+# Connections the kernel queues before the broker accepts them. Python's default of 100 made a
+# burst of connects overflow it, and a connect the kernel drops waits out SYN retransmits
+# (1 s, then 3 s...): the broker accepts quickly and sheds with admission.py instead. The
+# kernel caps it at net.core.somaxconn (4,096 by default since Linux 5.4).
+ACCEPT_BACKLOG = 1024
+
+# What a layer above adds to the HTTP app (the console): routes built from the started server.
+HttpRoutes: TypeAlias = Callable[["BrokerServer"], Sequence[BaseRoute]]
+
 
 class BrokerServer:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, http_routes: HttpRoutes | None = None) -> None:
         self.config = config
+        self._http_routes = http_routes
+        self.retry: RetryService | None = None
         self.store: MessageStore | None = None
         self.topics = TopicRegistry(config.data_dir / "meta")
         self.groups = GroupCoordinator(
@@ -50,16 +73,21 @@ class BrokerServer:
         self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._halves: HalfMover | None = None
         self._admin: Admin | None = None
         self.metrics: BrokerMetrics | None = None
         self._http: HttpServer | None = None
         self.http_port = 0
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsListener | None = None
         self._connections: set[Connection] = set()
+        self.admission: Admission | None = None
+        self.access: Access | None = None
         self.port = 0
 
     async def start(self) -> None:
         cfg = self.config
+        files = raise_nofile_limit()  # before the store maps its files
+        self.topics.load()  # first: the store opens with the deleted topics' fences
         self.store = await MessageStore.open(
             StoreConfig(
                 cfg.data_dir / "store",
@@ -69,10 +97,18 @@ class BrokerServer:
                 # Slots scale with capacity (about two entries a slot at capacity).
                 index_slots=max(cfg.index_capacity // 2, 1),
                 truncate_damaged_tail=cfg.repair_truncate,
-            )
+                retention_ms=cfg.retention_ms or None,
+                retention_bytes=cfg.retention_bytes or None,
+                retention_check_interval_ms=cfg.retention_check_interval_ms,
+            ),
+            self.topics.fences,
         )
-        self.topics.load()
+        # Before retention deletes a segment, open transactions' halves are copied out of it
+        # (the mover refuses until the transactions are recovered, so none is lost meanwhile).
+        self.store.retention_hook = self._halves = HalfMover(self.store)
+        self.topics.adopt_fences(self.store.fences.as_dict())  # as recovery left them
         self.groups.load()
+        self.groups.prune(self.topics.exists)
         notifier = self._notifier = Notifier()
         self.scheduler = DelayScheduler(
             self.store, self.topics, cfg.data_dir / "meta", notifier.notify
@@ -86,7 +122,7 @@ class BrokerServer:
             notifier=notifier,
             scheduler=self.scheduler,
         )
-        retry = RetryService(
+        retry = self.retry = RetryService(
             self.store,
             self.topics,
             self.groups,
@@ -106,6 +142,7 @@ class BrokerServer:
             notifier.notify,
         )
         await self.tx.recover()
+        self._halves.start(self.tx)
         self.checker = BackChecker(
             self.tx,
             CheckSettings(
@@ -115,31 +152,59 @@ class BrokerServer:
                 cfg.check_concurrency,
                 cfg.check_rate_per_s,
                 cfg.check_timeout_ms,
+                cfg.check_deadline_ms,
+                cfg.check_endpoint_concurrency,
+                cfg.check_breaker_failures,
+                cfg.check_breaker_base_ms,
+                cfg.check_breaker_cap_ms,
             ),
         )
         self.tx.on_prepared = self.checker.schedule
         self.checker.start()
         admin = self._admin = Admin(self.store, self.topics, self.groups)
-        handlers = build_handlers(admin, self.topics, producer, self.consumer, retry, self.tx)
+        deletion = TopicDeletion(self.store, self.topics, self.groups, notifier, self.tx)
+        deletion.forget_fences()
+        handlers = build_handlers(
+            admin, self.topics, producer, self.consumer, retry, self.tx, deletion
+        )
         direct = build_direct_handlers(self.tx)
+        tx = self.tx
+        access = self.access = Access(
+            cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
+        )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
 
         def hello(_: Hello) -> HelloOk:
             return HelloOk(__version__, PROTOCOL_VERSION)
 
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Connection(
+        admission = self.admission = Admission(self._connection_limits(files))
+        admission.start()
+
+        def connection() -> Connection:
+            return Connection(
                 handlers,
-                auth_token=cfg.auth_token,
+                access=access,
                 hello=hello,
                 connections=self._connections,
                 direct=direct,
-            ),
-            cfg.host,
-            cfg.port,
-            reuse_address=True,
-        )
+                admission=admission,
+            )
+
+        tls = self._tls_files()
+        if tls is not None:
+            limits = admission.limits
+            listener = TlsListener(
+                connection,
+                server_context(tls),
+                handshake_timeout_s=limits.handshake_timeout_s,
+                pending_max=limits.max_connections - limits.reserved,
+            )
+            listener.listen(cfg.host, cfg.port, ACCEPT_BACKLOG)
+            self._server = listener
+        else:
+            self._server = await asyncio.get_running_loop().create_server(
+                connection, cfg.host, cfg.port, reuse_address=True, backlog=ACCEPT_BACKLOG
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         self.metrics = BrokerMetrics(
             self.store,
@@ -148,6 +213,9 @@ class BrokerServer:
             admin,
             self.tx,
             self.checker,
+            admission=admission,
+            reconcile_reports=cfg.reconcile_reports,
+            forbidden=access.forbidden,
             gauges={
                 "txbroker.server.connections": (
                     "Client connections open.",
@@ -163,25 +231,88 @@ class BrokerServer:
                 ),
             },
         )
+        extra = list(self._http_routes(self)) if self._http_routes is not None else []
         app = build_http_app(
             self.store,
             self.topics,
             admin,
             self.scheduler,
-            auth_token=cfg.auth_token,
+            tokens=access.tokens,
             tx=self.tx,
             checker=self.checker,
             metrics=self.metrics,
+            connections=admission.info,
+            extra_routes=extra,
         )
-        self._http = HttpServer(app, cfg.host, cfg.http_port)
+        self._http = HttpServer(app, cfg.host, cfg.http_port, tls=tls)
         await self._http.start()
         self.http_port = self._http.port
+        _warn_if_exposed(cfg, access, self.port, self.http_port)
+        for route in extra:
+            if isinstance(route, Mount) and route.name:
+                scheme = "https" if tls is not None else "http"
+                log.info(
+                    "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
+                )
+
+    def _tls_files(self) -> TlsFiles | None:
+        cfg = self.config
+        if cfg.tls_cert is None or cfg.tls_key is None:
+            return None
+        return TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+
+    @property
+    def admin(self) -> Admin:
+        """What operators ask (offsets, groups, rates); set by :meth:`start`."""
+        assert self._admin is not None, "the server has not started"
+        return self._admin
+
+    def _connection_limits(self, files: FileLimit) -> Limits:
+        """The configured connection limits, lowered to what the open-file limit leaves after
+        the files open now (the store's) and a margin; logged."""
+        cfg = self.config
+        assert cfg.reserved_connections is not None  # derived by ServerConfig
+        free = files.soft - open_files() - FILES_MARGIN - cfg.check_concurrency
+        most, reserved = fit_limits(cfg.max_connections, cfg.reserved_connections, free)
+        if most < cfg.max_connections:
+            log.warning(
+                "connections: max_connections %d lowered to %d (%d reserved): the open-file "
+                "limit %d leaves no more; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+                cfg.max_connections,
+                most,
+                reserved,
+                files.soft,
+            )
+        limits = Limits(
+            most,
+            reserved,
+            cfg.handshake_timeout_ms / 1000,
+            cfg.idle_timeout_ms / 1000,
+            cfg.max_frames_per_s,
+        )
+        log.info(
+            "connections: at most %d, %d of them reserved for authenticated clients; HELLO "
+            "within %d ms; idle ones closed after %s; at most %s frames/s each",
+            most,
+            reserved,
+            cfg.handshake_timeout_ms,
+            f"{cfg.idle_timeout_ms} ms" if cfg.idle_timeout_ms else "never",
+            cfg.max_frames_per_s or "unlimited",
+        )
+        return limits
 
     async def _housekeep(self) -> None:
         """Expire silent group members, sample the rates operators see and persist committed
-        offsets, once a second."""
+        offsets, once a second; copy old open half messages forward now and then."""
+        ticks = 0
         while True:
             await asyncio.sleep(1)
+            ticks += 1
+            if self._halves is not None and ticks % COMPACT_INTERVAL_S == 0:
+                try:
+                    await self._halves.compact()
+                except Exception:  # the next round retries; the log says why
+                    log.exception("cannot copy old half messages forward")
             self.groups.expire_all()
             if self._admin is not None:
                 self._admin.sample()
@@ -202,6 +333,8 @@ class BrokerServer:
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)
+        if self.admission is not None:
+            await self.admission.stop()
         if self._http is not None:
             await self._http.stop()
         if self.metrics is not None:
@@ -234,14 +367,45 @@ class BrokerServer:
             await self.store.close()
 
 
-async def serve(config: ServerConfig) -> None:
-    server = BrokerServer(config)
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def _warn_if_exposed(cfg: ServerConfig, access: Access, port: int, http_port: int) -> None:
+    """A WARNING at start when the broker listens beyond loopback with no token (anyone who
+    reaches the ports may do anything), or with tokens but no TLS (they travel in clear)."""
+    if _loopback(cfg.host):
+        return
+    if not access.tokens.required:
+        log.warning(
+            "security: listening on %s without any token: whoever reaches ports %d and %d may "
+            "produce, consume, delete topics and resolve transactions; set --auth-token or "
+            "--token-file (docs/operations.md, 'Security')",
+            cfg.host,
+            port,
+            http_port,
+        )
+    elif cfg.tls_cert is None:
+        log.warning(
+            "security: listening on %s without TLS: tokens and messages travel in clear; set "
+            "--tls-cert and --tls-key",
+            cfg.host,
+        )
+
+
+async def serve(config: ServerConfig, http_routes: HttpRoutes | None = None) -> None:
+    server = BrokerServer(config, http_routes)
     await server.start()
     stop = stop_on_signals()
     print(
         f"{READY_PREFIX} tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
         f"data={config.data_dir} "
-        f"flush={config.flush.value}",
+        f"flush={config.flush.value}" + (" tls=on" if config.tls_cert is not None else ""),
         flush=True,
     )
     await stop.wait()

@@ -12,6 +12,7 @@ from typing import Any
 from txbroker.errors import InvalidArgument
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
 from txbroker.server.retry import DEFAULT_RETRY_DELAYS_MS
+from txbroker.server.tokens import TokenEntry, TokenTable, parse_tokens
 from txbroker.store import FlushMode
 
 __all__ = ["ServerConfig"]
@@ -25,6 +26,15 @@ class ServerConfig:
     http_port: int = 9877
     flush: FlushMode = FlushMode.SYNC
     auth_token: str | None = field(default=None, repr=False)
+    # Access control (tokens.py, access.py): the [[tokens]] of the TOML file and of
+    # tokens_file (--token-file, TXB_TOKENS_FILE), each with a name, roles and topic patterns.
+    tokens: tuple[TokenEntry, ...] = field(default=(), repr=False)
+    tokens_file: Path | None = None
+    # TLS on the TCP and HTTP listeners (tls.py): a PEM certificate chain and its key; with a
+    # client CA, clients must present a certificate it signed (mutual TLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS
     # Consumer retries: delays between attempts and how many before the dead-letter topic.
     retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
@@ -42,6 +52,14 @@ class ServerConfig:
     check_concurrency: int = 64
     check_rate_per_s: float = 100.0
     check_timeout_ms: int = 3_000
+    # Fairness between services (txbroker/tx/lanes.py): a whole check's deadline, checks in
+    # flight per endpoint, and the endpoint's circuit breaker (open after this many timeouts or
+    # connection failures in a row, for a cool-down doubling from the base to the cap).
+    check_deadline_ms: int = 10_000
+    check_endpoint_concurrency: int = 8
+    check_breaker_failures: int = 5
+    check_breaker_base_ms: int = 5_000
+    check_breaker_cap_ms: int = 300_000
     tx_secrets: dict[str, str] = field(default_factory=dict, repr=False)
     tx_default_secret: str | None = field(default=None, repr=False)
     # Store file sizes (see StoreConfig): commit-log segments and key-index entries per file.
@@ -49,8 +67,35 @@ class ServerConfig:
     index_capacity: int = 2 << 20
     # Let recovery drop everything from a damaged record on (see StoreConfig); off by default.
     repair_truncate: bool = False
+    # Retention (docs/operations.md "Retention"): whole commit-log segments are deleted once
+    # their newest record is older than retention_ms (0: never by age; 72 h, as RocketMQ's
+    # fileReservedTime) or while the log is larger than retention_bytes (0: no size limit),
+    # looked at every retention_check_interval_ms. Open and parked transactions' half
+    # messages are copied forward first, so they outlive any retention.
+    retention_ms: int = 72 * 3600 * 1000
+    retention_bytes: int = 0
+    retention_check_interval_ms: int = 10_000
     # Graceful shutdown waits this long for in-flight requests before closing connections.
     shutdown_grace_ms: int = 10_000
+    # Connection limits (admission.py, docs/operations.md "Connection limits"). At most
+    # max_connections (lowered at start to what the open-file limit allows); connections that
+    # have not completed HELLO may hold all but reserved_connections of them (default: a tenth).
+    max_connections: int = 10_000
+    reserved_connections: int | None = None
+    # A connection must complete HELLO this soon after it is accepted.
+    handshake_timeout_ms: int = 5_000
+    # An authenticated connection with no request in flight that sends nothing for this long is
+    # closed (0: never). The SDK pings after 60 s of silence, well within it.
+    idle_timeout_ms: int = 300_000
+    # Frames one connection may send per second, in bursts of up to twice as many (0: no limit).
+    # 200,000 is about three times what one connection reached in `txbroker bench produce`
+    # (70,000 single sends a second on a 2-core machine): a guard against a runaway client.
+    max_frames_per_s: int = 200_000
+    # The console's links: a trace UI's URL with {trace_id} in it (Jaeger's
+    # http://jaeger:16686/trace/{trace_id}), and the folder the reconciliation writes its
+    # summary.json to (its --out, or a parent of dated --out folders).
+    trace_url: str | None = None
+    reconcile_reports: Path | None = None
 
     @classmethod
     def build(
@@ -75,7 +120,12 @@ class ServerConfig:
             if key in env:
                 values[name] = env[key]
         values.update({k: v for k, v in flags.items() if v is not None and k in names})
+        values["tokens"] = _tokens(values, config_file)
         return cls(**_coerce(values))
+
+    def token_table(self) -> TokenTable:
+        """The broker's tokens: ``auth_token`` (an admin token) and the ``[[tokens]]``."""
+        return TokenTable.build(self.auth_token, self.tokens)
 
     def __post_init__(self) -> None:
         for name in (
@@ -83,9 +133,16 @@ class ServerConfig:
             "check_backoff_base_ms",
             "check_backoff_cap_ms",
             "check_timeout_ms",
+            "check_deadline_ms",
+            "check_endpoint_concurrency",
+            "check_breaker_failures",
+            "check_breaker_base_ms",
+            "check_breaker_cap_ms",
         ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive")
+        if self.check_breaker_base_ms > self.check_breaker_cap_ms:
+            raise InvalidArgument("check_breaker_base_ms must not exceed check_breaker_cap_ms")
         if self.max_checks < 1 or self.check_concurrency < 1 or self.check_rate_per_s <= 0:
             raise InvalidArgument("max_checks, check_concurrency and check_rate_per_s must be > 0")
         if self.auth_token == "":
@@ -95,6 +152,63 @@ class ServerConfig:
                 raise InvalidArgument(f"{name} must be 0..65535")
         if self.dedup_window_ms <= 0:
             raise InvalidArgument("dedup_window_ms must be positive")
+        self._check_retention()
+        self.token_table()  # names and tokens unique
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca needs tls_cert and tls_key (TLS itself)")
+        self._check_connection_limits()
+
+    def _check_retention(self) -> None:
+        if self.retention_ms < 0:
+            raise InvalidArgument(
+                f"retention_ms must be positive (or 0: keep segments whatever their age), got "
+                f"{self.retention_ms}"
+            )
+        if self.retention_bytes != 0 and self.retention_bytes < self.segment_bytes:
+            raise InvalidArgument(
+                f"retention_bytes must be 0 (no size limit) or at least one segment "
+                f"(segment_bytes = {self.segment_bytes}), got {self.retention_bytes}"
+            )
+        if self.retention_check_interval_ms < 1_000:
+            # Retention runs after a checkpoint, once a second: a shorter interval is not kept.
+            raise InvalidArgument(
+                "retention_check_interval_ms must be at least 1000, got "
+                f"{self.retention_check_interval_ms}"
+            )
+
+    def _check_connection_limits(self) -> None:
+        if self.max_connections < 2:
+            raise InvalidArgument(f"max_connections must be at least 2, got {self.max_connections}")
+        if self.reserved_connections is None:  # frozen: the default is derived once, here
+            object.__setattr__(self, "reserved_connections", max(1, self.max_connections // 10))
+        elif not 0 <= self.reserved_connections < self.max_connections:
+            raise InvalidArgument(
+                f"reserved_connections must be 0..max_connections-1 "
+                f"({self.max_connections - 1}), got {self.reserved_connections}"
+            )
+        if self.handshake_timeout_ms <= 0:
+            raise InvalidArgument(
+                f"handshake_timeout_ms must be positive, got {self.handshake_timeout_ms}"
+            )
+        if self.idle_timeout_ms != 0 and self.idle_timeout_ms < 1_000:
+            # Idle connections are looked for once a second: a shorter limit cannot be kept.
+            raise InvalidArgument(
+                f"idle_timeout_ms must be 0 (never) or at least 1000, got {self.idle_timeout_ms}"
+            )
+        if self.max_frames_per_s < 0:
+            raise InvalidArgument(
+                f"max_frames_per_s must be 0 (no limit) or positive, got {self.max_frames_per_s}"
+            )
+        if self.trace_url is not None and (
+            not self.trace_url.startswith(("http://", "https://"))
+            or "{trace_id}" not in self.trace_url
+        ):
+            raise InvalidArgument(
+                "trace_url must be an http(s) URL with {trace_id} in it, "
+                f"e.g. http://jaeger:16686/trace/{{trace_id}}; got {self.trace_url!r}"
+            )
 
 
 def _coerce(values: dict[str, Any]) -> dict[str, Any]:
@@ -115,11 +229,35 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "max_checks",
             "check_concurrency",
             "check_timeout_ms",
+            "check_deadline_ms",
+            "check_endpoint_concurrency",
+            "check_breaker_failures",
+            "check_breaker_base_ms",
+            "check_breaker_cap_ms",
+            "max_connections",
+            "reserved_connections",
+            "handshake_timeout_ms",
+            "idle_timeout_ms",
+            "max_frames_per_s",
+            "retention_ms",
+            "retention_bytes",
+            "retention_check_interval_ms",
         ):
-            if name in out:
-                out[name] = int(out[name])
-        if "data_dir" in out:
-            out["data_dir"] = Path(out["data_dir"])
+            if name in out and out[name] is not None:
+                try:
+                    out[name] = int(out[name])
+                except ValueError:
+                    raise InvalidArgument(f"{name} must be an integer, got {out[name]!r}") from None
+        for name in (
+            "data_dir",
+            "reconcile_reports",
+            "tokens_file",
+            "tls_cert",
+            "tls_key",
+            "tls_client_ca",
+        ):
+            if out.get(name) is not None:
+                out[name] = Path(out[name])
         if "check_rate_per_s" in out:
             out["check_rate_per_s"] = float(out["check_rate_per_s"])
         if isinstance(out.get("tx_secrets"), str):  # TXB_TX_SECRETS="group=secret,other=s2"
@@ -137,6 +275,27 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
     except ValueError as e:
         raise InvalidArgument(f"bad setting: {e}") from e
     return out
+
+
+def _tokens(values: dict[str, Any], config_file: Path | None) -> tuple[TokenEntry, ...]:
+    """The ``[[tokens]]`` of the config file and of ``tokens_file``, parsed (never quoted in an
+    error: a message names the token's entry, not its value)."""
+    raw = values.pop("tokens", None)
+    if isinstance(raw, str):
+        raise InvalidArgument(
+            "tokens are set as [[tokens]] in the TOML file or in --token-file (TXB_TOKENS_FILE)"
+        )
+    entries = parse_tokens(raw, str(config_file)) if raw is not None else []
+    path = values.get("tokens_file")
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgument(f"cannot read the token file {path}: {e}") from e
+        if set(data) - {"tokens"}:
+            raise InvalidArgument(f"the token file {path} holds only [[tokens]] entries")
+        entries += parse_tokens(data.get("tokens", []), str(path))
+    return tuple(entries)
 
 
 def _pairs(items: list[str]) -> dict[str, str]:

@@ -8,22 +8,40 @@ shield per request (docs/server.md, "Connections", has what that saved). A malfo
 stream gets one STREAM error frame and the connection is closed; a bad request gets an error
 frame for that request and the connection stays open. Nothing a client sends can take the server
 down: every handler failure is turned into an error frame here.
+
+Connection limits (slots, the HELLO deadline, idle connections, the frame rate) are
+``admission.py``'s; the connection tells it when it is accepted, opened and lost, marks itself
+heard and takes one token per frame as bytes arrive.
+
+Access control is ``access.py``'s: HELLO's token names the connection's principal, and every
+request of a principal that is not admin on every topic is checked before it runs (a refused
+one gets ``FORBIDDEN``; the connection stays open).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
-from txbroker.errors import BadRequest, Internal, ProtocolError, TxbError, Unauthenticated
+from txbroker.errors import (
+    BadRequest,
+    Internal,
+    ProtocolError,
+    RateLimited,
+    TooManyConnections,
+    TxbError,
+    Unauthenticated,
+)
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
 from txbroker.runtime.turnwriter import TurnWriter
+from txbroker.server.access import Access
+from txbroker.server.admission import Admission
+from txbroker.server.tokens import Principal, TokenTable
 
 __all__ = ["Connection", "DirectHandler", "Handler"]
 
@@ -37,6 +55,11 @@ DirectHandler = Callable[[Any], Any]
 # A client may pipeline this many requests before the server stops reading its socket: bounds
 # the memory one connection can pin (each request holds at most one 16 MiB frame).
 MAX_INFLIGHT_PER_CONNECTION: Final = 256
+# After an error that ends the stream the connection half-closes and reads on (discarding) for
+# up to this long before it closes: closing a socket with unread input makes the kernel send a
+# reset, which can destroy the error frame before the client reads it. One second covers a
+# round trip on any network the broker is meant for.
+LINGER_S: Final = 1.0
 
 
 class Connection(asyncio.Protocol):
@@ -44,21 +67,28 @@ class Connection(asyncio.Protocol):
         self,
         handlers: dict[int, Handler],
         *,
-        auth_token: str | None,
+        access: Access | None = None,
         hello: Callable[[Hello], Any],
         connections: set[Connection],
         direct: dict[int, DirectHandler] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._handlers = handlers
         self._direct = direct or {}
-        self._token = auth_token
+        self._access = access or Access(TokenTable(), lambda _: None)
         self._hello = hello
         self._connections = connections
         self._decoder = FrameDecoder()
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # get_running_loop() is a getpid()
         self._out: TurnWriter | None = None
-        self._authenticated = auth_token is None
+        # Who this connection is: set by HELLO; everyone at once on a broker without tokens.
+        self._principal: Principal | None = self._access.tokens.authenticate(None)
+        self._checked = self._principal is None or not self._principal.superuser
+        self._admission = admission
+        self._opened = False  # past HELLO (admission.py's OPEN state)
+        self.heard = False  # bytes arrived since the admission's last look
+        self.tokens = float("inf")  # frames this connection may still send (admission.py)
         self._tasks: set[asyncio.Task[None]] = set()
         self._answers: set[asyncio.Future[Any]] = set()  # direct handlers' pending answers
         self._reading_paused = False
@@ -73,10 +103,18 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._out = TurnWriter(self._loop, self._write_now)
         self._connections.add(self)
+        if self._admission is not None and not self._admission.admit(self):
+            limit = self._admission.limits.max_connections
+            self._fatal(
+                TooManyConnections(f"all {limit} connections are in use; try again later"),
+                linger=False,
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._connections.discard(self)
+        if self._admission is not None:
+            self._admission.lost(self)
         for t in self._tasks:
             t.cancel()  # long polls and the like: nobody is there to answer
         for a in self._answers:
@@ -93,10 +131,18 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.heard = True
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as e:
             self._fatal(e)
+            return
+        self.tokens -= len(frames)
+        if self.tokens < 0:
+            assert self._admission is not None  # without one the bucket is infinite
+            self._admission.count("frame_rate")
+            rate = self._admission.limits.max_frames_per_s
+            self._fatal(RateLimited(f"over {rate} frames a second on one connection"))
             return
         for frame in frames:
             self._dispatch(frame)
@@ -110,9 +156,12 @@ class Connection(asyncio.Protocol):
         if frame.opcode == Opcode.HELLO:
             self._on_hello(frame)
             return
-        if not self._authenticated:
-            self._fatal(Unauthenticated("this broker requires HELLO with an auth token first"))
+        who = self._principal
+        if who is None:
+            self._refused_auth("this broker requires HELLO with an auth token first")
             return
+        if not self._opened:  # no auth token: a first request completes the handshake
+            self._open()
         handler = self._handlers.get(frame.opcode)
         if handler is None:
             # A known opcode this broker does not serve: the stream itself is fine, so answer
@@ -121,10 +170,20 @@ class Connection(asyncio.Protocol):
             self._reply_error(frame, BadRequest(f"opcode {frame.opcode} is not served"))
             return
         req = None
+        if self._checked:
+            try:
+                req = decode_request(frame.opcode, frame.body)
+                self._access.check(who, frame.opcode, req)
+            except Exception as e:  # Forbidden, BadRequest: this request only
+                self._reply_failure(frame, e)
+                return
+            if self._access.filters(frame.opcode):
+                handler = functools.partial(_filtered, handler, self._access, who, frame.opcode)
         direct = self._direct.get(frame.opcode)
         if direct is not None:
             try:
-                req = decode_request(frame.opcode, frame.body)
+                if req is None:
+                    req = decode_request(frame.opcode, frame.body)
                 answer = direct(req)
             except Exception as e:
                 self._reply_failure(frame, e)
@@ -149,13 +208,26 @@ class Connection(asyncio.Protocol):
         except TxbError as e:
             self._fatal(e)
             return
-        if self._token is not None:
-            given = (req.auth_token or "").encode()
-            if not hmac.compare_digest(given, self._token.encode()):
-                self._fatal(Unauthenticated("wrong or missing auth token"))
+        if self._access.tokens.required:
+            who = self._access.tokens.authenticate(req.auth_token)
+            if who is None:
+                self._refused_auth("wrong or missing auth token")
                 return
-            self._authenticated = True
+            self._principal = who
+            self._checked = not who.superuser
+        if not self._opened:
+            self._open()
         self._write(FrameKind.RESPONSE, Opcode.HELLO, frame.corr_id, encode_body(self._hello(req)))
+
+    def _open(self) -> None:
+        self._opened = True
+        if self._admission is not None:
+            self._admission.opened(self)
+
+    def _refused_auth(self, why: str) -> None:
+        if self._admission is not None:
+            self._admission.count("unauthenticated")
+        self._fatal(Unauthenticated(why))
 
     async def _run(self, handler: Handler, frame: Frame, req: Any) -> None:
         try:
@@ -192,7 +264,10 @@ class Connection(asyncio.Protocol):
             self._out.add(frame)
 
     def _write_now(self, data: bytes) -> None:
-        """The TurnWriter's output; what reaches a closing transport is dropped."""
+        """The TurnWriter's output; what reaches a closing transport (or one half-closed after
+        a fatal error) is dropped."""
+        if self.closing:
+            return
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
@@ -221,20 +296,40 @@ class Connection(asyncio.Protocol):
         body = encode_body(ErrorBody(err.code, str(err), err.retriable))
         self._write(FrameKind.ERROR, frame.opcode, frame.corr_id, body)
 
-    def _fatal(self, err: TxbError) -> None:
-        """Answer once on the STREAM opcode, then close: the stream cannot be trusted."""
-        body = encode_body(ErrorBody(err.code, str(err), False))
+    def _fatal(self, err: TxbError, *, linger: bool = True) -> None:
+        """Answer once on the STREAM opcode, then close: the stream cannot be trusted. With
+        ``linger``, half-close first and discard what still arrives (LINGER_S); without, close
+        at once (a connection that sent nothing, whose descriptor is wanted back now)."""
+        if self._admission is not None:
+            self._admission.lost(self)  # its slot is free; no limit looks at it again
+        body = encode_body(ErrorBody(err.code, str(err), err.retriable))
         self._write(FrameKind.ERROR, Opcode.STREAM, 0, body)
         self._flush()  # before the close: the answers so far, then this error, then EOF
         self.closing = True
-        if self._transport is not None:
-            self._transport.close()
+        t = self._transport
+        if t is None or t.is_closing():
+            return
+        if linger and t.can_write_eof() and self._loop is not None:
+            t.write_eof()
+            if self._reading_paused:
+                t.resume_reading()
+                self._reading_paused = False
+            self._loop.call_later(LINGER_S, t.close)
+        else:
+            t.close()
+
+    def refuse(self, err: TxbError) -> None:
+        """Closed by a connection limit (admission.py): the error, then close now."""
+        self._fatal(err, linger=False)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks) + len(self._answers)
 
     def _update_reading(self) -> None:
-        if self._transport is None or self._transport.is_closing():
+        if self.closing or self._transport is None or self._transport.is_closing():
             return
-        inflight = len(self._tasks) + len(self._answers)
-        want_pause = self._writing_paused or inflight >= MAX_INFLIGHT_PER_CONNECTION
+        want_pause = self._writing_paused or self.inflight >= MAX_INFLIGHT_PER_CONNECTION
         if want_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
@@ -253,3 +348,8 @@ class Connection(asyncio.Protocol):
         pending: set[asyncio.Future[Any]] = {*self._tasks, *self._answers}
         if pending:
             await asyncio.wait(pending)
+
+
+async def _filtered(handler: Handler, access: Access, who: Principal, opcode: int, req: Any) -> Any:
+    """A listing's handler, its answer cut to what ``who`` may see."""
+    return access.filter(who, opcode, await handler(req))

@@ -31,6 +31,7 @@ from txbroker.errors import InvalidArgument
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import (
     PROP_INTERNAL_KEY,
+    PROP_TARGET_TOPIC,
     KeyKind,
     Message,
     MessageStore,
@@ -53,7 +54,6 @@ LEVELS_MS: Final = (
 # 30 days: beyond that a "delay" is a workflow, not a message; refusing keeps levels bounded.
 MAX_DELAY_MS: Final = 30 * 86_400_000
 PROP_DELIVER_AT: Final = "dt"
-PROP_TARGET_TOPIC: Final = "tt"
 PROP_TARGET_QUEUE: Final = "tq"
 CURSORS_FILE: Final = "schedule.json"
 # When the head of a level is not due yet, sleep at most this long before looking again, so a
@@ -148,12 +148,15 @@ class DelayScheduler:
                 got = await self._store.get_messages(SCHEDULE_TOPIC, level, cursor, 64)
                 nap = MAX_NAP_S
                 done: list[tuple[str, int]] = []  # (topic, queue) woken once durable
-                last = -1
+                # Where the cursor goes if every message read is handled: past the entries the
+                # store skipped too (copies of deleted topics' messages).
+                upto = got.next_offset
                 for m in got.messages:
                     due = m.store_timestamp_ms + delay
                     now = _now_ms()
                     if due > now:
                         nap = min(nap, (due - now) / 1000)
+                        upto = m.queue_offset
                         break
                     try:
                         done.append(await self._move(m, level))
@@ -167,21 +170,20 @@ class DelayScheduler:
                             m.queue_offset,
                             e,
                         )
-                    last = m.queue_offset
-                if last >= 0:
+                if upto > cursor:
                     # One group commit for the whole batch of moves, then the cursor: a burst of
                     # due messages costs one fsync, not one each.
                     durable = self._store.durable()
                     if durable is not None:
                         await durable
-                    self._cursors[level] = last + 1
+                    self._cursors[level] = upto
                     self.snapshot.mark()
                     for topic, queue_id in done:
                         if topic == SCHEDULE_TOPIC:
                             self.notify(queue_id)
                         elif topic:
                             self._on_delivered(topic, queue_id)
-                    if last == got.messages[-1].queue_offset:
+                    if upto == got.next_offset:
                         continue  # everything read was due: look again at once
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(nap):  # not wait_for: see longpoll.Watch.wait
@@ -198,6 +200,8 @@ class DelayScheduler:
         hop = f"{level}:{m.queue_offset}"
         if await self._store.lookup(KeyKind.INTERNAL, hop, limit=1):
             return ("", 0)  # moved before a crash; the cursor had not been saved yet
+        if self._store.is_dead(m):
+            return ("", 0)  # its topic was deleted while we looked: the copy dies with it
         props = dict(m.properties)
         props[PROP_INTERNAL_KEY] = hop
         deliver_at = int(props[PROP_DELIVER_AT])

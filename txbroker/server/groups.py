@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -165,6 +166,25 @@ class GroupCoordinator:
         if per_topic.get(queue_id) != offset:
             per_topic[queue_id] = offset
             self.snapshot.mark()
+
+    def drop_topic(self, topic: str) -> None:
+        """A deleted topic: forget every group's offsets in it, and end its memberships with a
+        new generation, so a member still pulling or acknowledging is told to join again (and
+        joins the topic created again under the name, if any, from its start)."""
+        for per_topic in self._offsets.values():
+            if per_topic.pop(topic, None) is not None:
+                self.snapshot.mark()
+        self._offsets = {o: t for o, t in self._offsets.items() if t}
+        for (_, name), g in self._groups.items():
+            if name == topic:
+                g.members.clear()
+                g.generation += 1
+
+    def prune(self, exists: Callable[[str], bool]) -> None:
+        """At start: forget offsets in topics that do not exist (deleted while a crash kept the
+        offsets file from being rewritten)."""
+        for topic in {t for _, t in self.groups() if not exists(t)}:
+            self.drop_topic(topic)
 
     def groups(self) -> list[tuple[str, str]]:
         """(owner, topic) pairs with committed offsets."""

@@ -38,12 +38,15 @@ from txbroker.protocol.messages import (
     TxPrepareResponse,
     TxResolveRequest,
 )
+from txbroker.runtime.tracing import tracing_on
 from txbroker.server.admin import Admin
 from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.consumer import ConsumerService
+from txbroker.server.deletion import TopicDeletion
 from txbroker.server.producer import Producer
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
+from txbroker.tx import spans
 from txbroker.tx.coordinator import TxCoordinator, tx_info
 from txbroker.tx.state import Decision, Resolver, TxState
 
@@ -57,6 +60,7 @@ def build_handlers(
     consumer: ConsumerService,
     retry: RetryService,
     tx: TxCoordinator,
+    deletion: TopicDeletion,
 ) -> dict[int, Handler]:
     async def ping(_: Any) -> Empty:
         return Empty()
@@ -65,7 +69,7 @@ def build_handlers(
         return admin.topic_info(topics.create(req.topic, req.queues))
 
     async def topic_delete(req: TopicName) -> Empty:
-        topics.delete(req.topic)
+        await deletion.delete(req.topic)
         return Empty()
 
     async def topic_list(_: Any) -> list[TopicInfo]:
@@ -134,7 +138,7 @@ def build_handlers(
             raise InvalidArgument("action must be commit, rollback or resume") from e
         return await tx.end(req.tx_id, decision, Resolver.OPERATOR, "resolved by an operator")
 
-    return {
+    handlers: dict[int, Handler] = {
         Opcode.TX_PREPARE: tx_prepare,
         Opcode.TX_END: tx_end,
         Opcode.TX_LIST: tx_list,
@@ -156,6 +160,9 @@ def build_handlers(
         Opcode.SEND: send,
         Opcode.SEND_BATCH: send_batch,
     }
+    if tracing_on():  # asked once, at start: with tracing off the handlers are untouched
+        spans.trace_handlers(handlers, tx)
+    return handlers
 
 
 def build_direct_handlers(tx: TxCoordinator) -> dict[int, DirectHandler]:
@@ -165,7 +172,10 @@ def build_direct_handlers(tx: TxCoordinator) -> dict[int, DirectHandler]:
     def tx_end(req: TxEndRequest) -> object:
         return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
-    return {Opcode.TX_PREPARE: tx.prepare_nowait, Opcode.TX_END: tx_end}
+    direct: dict[int, DirectHandler] = {Opcode.TX_PREPARE: tx.prepare_nowait, Opcode.TX_END: tx_end}
+    if tracing_on():
+        spans.trace_handlers(direct, tx, direct=True)
+    return direct
 
 
 def _decision(req: TxEndRequest) -> Decision:

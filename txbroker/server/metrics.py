@@ -16,13 +16,17 @@ are the API's no-ops and ``/metrics`` answers 503 naming the extra to install.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from txbroker.server.admin import Admin
+from txbroker.server.admission import Admission
 from txbroker.server.groups import GroupCoordinator
+from txbroker.server.reconciliation import ReconcileSummary, latest_summary
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 from txbroker.tx.checker import BackChecker
@@ -38,6 +42,8 @@ SYSTEM = "txbroker"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds; fsyncs of a healthy disk take 0.1-10 ms, a check-back one HTTP round trip.
 FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# One scrape calls the three reconciliation callbacks in turn: they share one read of the file.
+SUMMARY_TTL_S = 1.0
 CHECK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -61,8 +67,15 @@ class BrokerMetrics:
         tx: TxCoordinator,
         checker: BackChecker,
         gauges: dict[str, tuple[str, Callable[[], int]]] | None = None,
+        admission: Admission | None = None,
+        reconcile_reports: Path | None = None,
+        forbidden: Mapping[str, int] | None = None,
     ) -> None:
         self._store, self._topics, self._groups, self._admin = store, topics, groups, admin
+        self._admission = admission
+        self._forbidden = forbidden
+        self._reports = reconcile_reports
+        self._summary_read: tuple[float, ReconcileSummary | None] | None = None
         self._tx, self._checker = tx, checker
         self._fsyncs_seen = 0
         self.registry: CollectorRegistry | None = None
@@ -141,6 +154,12 @@ class BrokerMetrics:
             description="Back-checks waiting for their answer now.",
         )
         m.create_observable_gauge(
+            "txbroker.tx.check.endpoints.open",
+            [_gauge(lambda: self._checker.open_endpoints)],
+            unit="{endpoint}",
+            description="Check-back endpoints whose circuit breaker is open or half open.",
+        )
+        m.create_observable_gauge(
             "txbroker.store.size",
             [_gauge(lambda: self._store.write_offset)],
             unit="By",
@@ -158,6 +177,28 @@ class BrokerMetrics:
             unit="{fsync}",
             description="fdatasyncs of the commit log (each covers a group of records).",
         )
+        if self._admission is not None:
+            m.create_observable_gauge(
+                "txbroker.connections.open",
+                [self._connections_open],
+                unit="{connection}",
+                description="Client connections open, by state (handshake: no HELLO yet).",
+            )
+            m.create_observable_counter(
+                "txbroker.connections.refused",
+                [self._connections_refused],
+                unit="{connection}",
+                description="Connections the broker refused or closed by a limit, by reason.",
+            )
+        if self._forbidden is not None:
+            m.create_observable_counter(
+                "txbroker.requests.forbidden",
+                [self._requests_forbidden],
+                unit="{request}",
+                description="Requests refused FORBIDDEN: the token lacked the role, by opcode.",
+            )
+        if self._reports is not None:
+            self._reconcile_instruments(m)
         for name, (description, value) in gauges.items():
             m.create_observable_gauge(name, [_gauge(value)], unit="1", description=description)
         self._fsync = m.create_histogram(
@@ -173,6 +214,54 @@ class BrokerMetrics:
             explicit_bucket_boundaries_advisory=CHECK_BUCKETS,
         )
         self._checker.on_checked = self._checked
+
+    def _reconcile_instruments(self, m: Meter) -> None:
+        # Read from the newest summary.json when a scrape collects (once for the three, see
+        # _summary). No summary yet, or one that cannot be read: no observations.
+        m.create_observable_gauge(
+            "txbroker.reconcile.anomalies",
+            [self._reconcile_anomalies],
+            unit="{anomaly}",
+            description="Anomalies the latest reconciliation found, by reason (0 when clean).",
+        )
+        m.create_observable_gauge(
+            "txbroker.reconcile.clean",
+            [self._reconcile_clean],
+            unit="1",
+            description="1 when the latest reconciliation found nothing wrong, else 0.",
+        )
+        m.create_observable_gauge(
+            "txbroker.reconcile.as_of",
+            [self._reconcile_as_of],
+            unit="s",
+            description="Unix time the latest reconciliation checked the data up to.",
+        )
+
+    def _summary(self) -> ReconcileSummary | None:
+        assert self._reports is not None  # the instruments exist only with a folder
+        now = time.monotonic()
+        if self._summary_read is None or now - self._summary_read[0] > SUMMARY_TTL_S:
+            found = latest_summary(self._reports)
+            if found is not None and found.problem is not None:
+                found = None
+            self._summary_read = (now, found)
+        return self._summary_read[1]
+
+    def _reconcile_anomalies(self, _: CallbackOptions) -> Iterable[Observation]:
+        s = self._summary()
+        if s is not None:
+            for reason, n in sorted(s.anomalies.items()):
+                yield Observation(n, {"txbroker.reconcile.reason": reason})
+
+    def _reconcile_clean(self, _: CallbackOptions) -> Iterable[Observation]:
+        s = self._summary()
+        if s is not None and s.clean is not None:
+            yield Observation(int(s.clean))
+
+    def _reconcile_as_of(self, _: CallbackOptions) -> Iterable[Observation]:
+        s = self._summary()
+        if s is not None and s.as_of_ms is not None:
+            yield Observation(s.as_of_ms / 1000)
 
     def _checked(self, outcome: str, seconds: float) -> None:
         self._check.record(seconds, {"txbroker.check.outcome": outcome})
@@ -235,6 +324,22 @@ class BrokerMetrics:
         c = self._tx.counters
         yield Observation(c["committed"], {"txbroker.tx.decision": "commit"})
         yield Observation(c["rolled_back"], {"txbroker.tx.decision": "rollback"})
+
+    def _connections_open(self, _: CallbackOptions) -> Iterable[Observation]:
+        a = self._admission
+        assert a is not None  # registered only with one
+        yield Observation(a.handshaking, {"txbroker.connection.state": "handshake"})
+        yield Observation(a.authenticated, {"txbroker.connection.state": "authenticated"})
+
+    def _connections_refused(self, _: CallbackOptions) -> Iterable[Observation]:
+        assert self._admission is not None  # registered only with one
+        for reason, n in sorted(self._admission.refused.items()):
+            yield Observation(n, {"txbroker.connection.reason": reason})
+
+    def _requests_forbidden(self, _: CallbackOptions) -> Iterable[Observation]:
+        assert self._forbidden is not None  # registered only with it
+        for opcode, n in sorted(self._forbidden.items()):
+            yield Observation(n, {"txbroker.opcode": opcode})
 
     def _checks(self, _: CallbackOptions) -> Iterable[Observation]:
         for outcome, n in sorted(self._checker.outcomes.items()):

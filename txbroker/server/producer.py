@@ -22,12 +22,7 @@ import google_crc32c
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.messages import SendReceipt, SendRequest
 from txbroker.protocol.names import validate_topic
-from txbroker.server.delay import (
-    PROP_TARGET_QUEUE,
-    PROP_TARGET_TOPIC,
-    SCHEDULE_TOPIC,
-    DelayScheduler,
-)
+from txbroker.server.delay import PROP_TARGET_QUEUE, SCHEDULE_TOPIC, DelayScheduler
 from txbroker.server.longpoll import Notifier
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import (
@@ -35,6 +30,7 @@ from txbroker.store import (
     PROP_KEYS,
     PROP_MESSAGE_ID,
     PROP_TAGS,
+    PROP_TARGET_TOPIC,
     AppendResult,
     KeyKind,
     Message,
@@ -130,6 +126,9 @@ class Producer:
             if found is not None:
                 receipt = _receipt(found, duplicate=True)
             else:
+                # Again, now: the topic may have been deleted (or re-created with other queues)
+                # while the index was read, and nothing may land in a deleted topic.
+                msg = self._stored_form(req)
                 receipt = self._after_append(msg, await self._store.append(msg))
             fut.set_result(receipt)
             return receipt
@@ -141,15 +140,67 @@ class Producer:
             del self._inflight[ik]
 
     async def send_batch(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
-        """All-or-nothing validation, then one group commit for the lot. Batches carrying
-        idempotency keys go through :meth:`send` one by one to keep the dedup guarantee."""
+        """All or nothing: every message is validated, then what is stored is appended in one
+        batch, one group commit for the lot; if that fails, none of it is stored."""
         if any(r.idempotency_key is not None for r in reqs):
             for r in reqs:  # validate every one, store limits included, before sending any
                 self._store.validate(self._stored_form(r))
-            return [await self.send(r) for r in reqs]
+            return await self._send_batch_deduplicated(reqs)
         msgs = [self._stored_form(r) for r in reqs]
         results = await self._store.append_batch(msgs)
         return [self._after_append(m, r) for m, r in zip(msgs, results, strict=True)]
+
+    async def _send_batch_deduplicated(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
+        """A batch with idempotency keys: look every key up, then append the new messages in
+        one all-or-nothing batch. A key repeated in the batch is stored once (the repeats are
+        duplicates of the first). The keys are claimed in the in-flight table all at once, after
+        waiting (while claiming none) for other requests that hold any of them, so two batches
+        never wait for each other."""
+        keys = {r.idempotency_key for r in reqs if r.idempotency_key is not None}
+        while held := [self._inflight[k] for k in keys if k in self._inflight]:
+            await asyncio.wait(held)  # their outcome is in the index by the time we look
+        loop = asyncio.get_running_loop()
+        claimed: dict[str, asyncio.Future[SendReceipt]] = {k: loop.create_future() for k in keys}
+        self._inflight.update(claimed)
+        try:
+            by_key: dict[str, SendReceipt] = {}
+            for k in keys:
+                found = await self._find_stored(k)
+                if found is not None:
+                    by_key[k] = _receipt(found, duplicate=True)
+            todo: list[int] = []  # what is appended: no key, or a key's first new message
+            queued: set[str] = set()
+            for i, r in enumerate(reqs):
+                ik = r.idempotency_key
+                if ik is None or (ik not in by_key and ik not in queued):
+                    todo.append(i)
+                    if ik is not None:
+                        queued.add(ik)
+            # Built again, now: the topic may have been deleted while the index was read.
+            msgs = [self._stored_form(reqs[i]) for i in todo]
+            results = await self._store.append_batch(msgs) if msgs else []
+            out: dict[int, SendReceipt] = {}
+            for i, m, res in zip(todo, msgs, results, strict=True):
+                out[i] = self._after_append(m, res)
+                ik = reqs[i].idempotency_key
+                if ik is not None:
+                    by_key[ik] = out[i]
+            receipts = [
+                out[i] if i in out else _as_duplicate(by_key[r.idempotency_key or ""])
+                for i, r in enumerate(reqs)
+            ]
+            for k, fut in claimed.items():
+                fut.set_result(by_key[k])
+            return receipts
+        except BaseException as e:
+            for fut in claimed.values():
+                if not fut.done():
+                    fut.set_exception(e)
+                    fut.exception()  # mark retrieved: waiters re-raise it, nobody logs it
+            raise
+        finally:
+            for k in keys:
+                del self._inflight[k]
 
     def _after_append(self, msg: Message, res: AppendResult) -> SendReceipt:
         """Wake whoever waits for this queue (the append is acknowledged, so readable: durable

@@ -32,6 +32,7 @@ from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
     PROP_KEYS,
+    PROP_ORIGINAL_TOPIC,
     KeyKind,
     Message,
     MessageStore,
@@ -53,7 +54,6 @@ DEFAULT_RETRY_DELAYS_MS: Final = (
     300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000,
 )  # fmt: skip
 PROP_RECONSUME: Final = "rc"
-PROP_ORIGINAL_TOPIC: Final = "ot"
 REDRIVE_OWNER: Final = "%redrive"
 
 log = logging.getLogger(__name__)
@@ -111,15 +111,24 @@ class RetryService:
         if rc > self._max:
             if not await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
                 target = dlq_topic(req.group)
+                self._check_alive(original)
                 await self._store.append(Message(target, original.body, 0, props, original.flags))
                 self._notifier.notify(target, 0)
             return NackResponse(rc, True, 0)
         at = time.time_ns() // 1_000_000 + self._delays[min(rc, len(self._delays)) - 1]
         if not await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
             copy = Message(retry_topic(req.group), original.body, 0, props, original.flags)
+            self._check_alive(original)
             res = await self._store.append(self._scheduler.prepare(copy, at))
             self._scheduler.notify(res.queue_id)
         return NackResponse(rc, False, at)
+
+    def _check_alive(self, original: StoredMessage) -> None:
+        """Right before appending a copy: a copy of a deleted topic's message must not be made
+        (see ``txbroker.store.fences``); the topic may have gone while the index was read."""
+        if self._store.is_dead(original):
+            topic = original.properties.get(PROP_ORIGINAL_TOPIC, original.topic)
+            raise NotFound(f"topic {topic!r} was deleted")
 
     async def _message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage:
         got = await self._store.get_messages(topic, queue_id, offset, 1)
@@ -147,6 +156,9 @@ class RetryService:
         for m in got.messages:
             key = f"redrive:{group}:{m.queue_offset}"
             if not await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
+                if self._store.is_dead(m):  # its topic was deleted while we looked
+                    self._groups.commit(REDRIVE_OWNER, topic, 0, m.queue_offset + 1)
+                    continue
                 props = dict(m.properties)
                 target = props.pop(PROP_ORIGINAL_TOPIC, "")
                 props.pop(PROP_RECONSUME, None)
@@ -168,6 +180,8 @@ class RetryService:
                 self._notifier.notify(target, qid)
             self._groups.commit(REDRIVE_OWNER, topic, 0, m.queue_offset + 1)
             n += 1
+        if got.next_offset > start:  # past dead letters of deleted topics, skipped by the store
+            self._groups.commit(REDRIVE_OWNER, topic, 0, got.next_offset)
         return DlqRedriveResponse(n)
 
 

@@ -1,6 +1,11 @@
-"""The topic registry: which topics exist and how many queues each has. Persisted atomically
-in ``<data>/meta/topics.json``; auto-creation is off by default, so a typo in a producer's topic
-name is an error, not a new topic."""
+"""The topic registry: which topics exist and how many queues each has, and the fences of
+deleted ones. Persisted atomically in ``<data>/meta/topics.json``; auto-creation is off by
+default, so a typo in a producer's topic name is an error, not a new topic.
+
+A deletion writes the registry without the topic and with its fence (see
+``txbroker.store.fences``) in one atomic write: that write is the deletion. After it, no restart
+brings the topic's messages back; before it, the topic is whole.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import msgspec
 from txbroker.errors import InvalidArgument, NotFound, TopicExists
 from txbroker.protocol.names import validate_topic
 from txbroker.store.atomicfile import write_atomic
+from txbroker.store.fences import TopicFence
 
 __all__ = ["MAX_QUEUES", "Topic", "TopicRegistry"]
 
@@ -29,23 +35,46 @@ class Topic(msgspec.Struct, frozen=True):
     system: bool = False
 
 
+class _File(msgspec.Struct):
+    """``topics.json`` since topic deletion fences (an earlier broker wrote the bare list)."""
+
+    topics: list[Topic]
+    deleted: dict[str, TopicFence] = msgspec.field(default_factory=dict)
+
+
 class TopicRegistry:
     def __init__(self, meta_dir: Path) -> None:
         self._dir = meta_dir
         self._topics: dict[str, Topic] = {}
+        self._fences: dict[str, TopicFence] = {}
 
     def load(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self._dir / FILE
         if path.exists():
-            topics = msgspec.json.decode(path.read_bytes(), type=list[Topic])
-            self._topics = {t.name: t for t in topics}
+            raw = path.read_bytes()
+            if raw.lstrip().startswith(b"["):
+                saved = _File(msgspec.json.decode(raw, type=list[Topic]))
+            else:
+                saved = msgspec.json.decode(raw, type=_File)
+            self._topics = {t.name: t for t in saved.topics}
+            self._fences = saved.deleted
 
-    def _commit(self, topics: dict[str, Topic]) -> None:
+    @property
+    def fences(self) -> dict[str, TopicFence]:
+        """Deleted topics' fences, for the store (a copy)."""
+        return dict(self._fences)
+
+    def _commit(
+        self, topics: dict[str, Topic], fences: dict[str, TopicFence] | None = None
+    ) -> None:
         """Write the new registry, then adopt it: a failed write leaves memory as the disk is.
         (An fsync on the event loop, but topic changes are rare admin operations.)"""
-        write_atomic(self._dir / FILE, msgspec.json.encode(sorted(topics.values(), key=_name)))
+        fences = self._fences if fences is None else fences
+        saved = _File(sorted(topics.values(), key=_name), dict(sorted(fences.items())))
+        write_atomic(self._dir / FILE, msgspec.json.encode(saved))
         self._topics = topics
+        self._fences = fences
 
     def create(self, name: str, queues: int, *, system: bool = False) -> Topic:
         validate_topic(name, allow_system=system)
@@ -60,6 +89,9 @@ class TopicRegistry:
         self._commit({**self._topics, name: topic})
         return topic
 
+    def exists(self, name: str) -> bool:
+        return name in self._topics
+
     def ensure_system(self, name: str, queues: int = 1) -> Topic:
         return self._topics.get(name) or self.create(name, queues, system=True)
 
@@ -70,12 +102,30 @@ class TopicRegistry:
             raise NotFound(f"topic {name!r} does not exist (create it first)")
         return topic
 
-    def delete(self, name: str) -> Topic:
+    def deletable(self, name: str) -> Topic:
+        """The topic ``name`` if it exists and a user may delete it, else the error."""
         topic = self.get(name)
         if topic.system:
             raise InvalidArgument(f"topic {name!r} belongs to the broker")
-        self._commit({k: v for k, v in self._topics.items() if k != name})
         return topic
+
+    def delete(self, name: str, fence: TopicFence | None = None) -> Topic:
+        """Remove the topic and record its fence, in one durable write (see the docstring)."""
+        topic = self.deletable(name)
+        fences = self._fences if fence is None else {**self._fences, name: fence}
+        self._commit({k: v for k, v in self._topics.items() if k != name}, fences)
+        return topic
+
+    def adopt_fences(self, fences: dict[str, TopicFence]) -> None:
+        """Persist the store's fences when they differ (``Fences.clamp`` at open): before the
+        broker appends anything."""
+        if fences != self._fences:
+            self._commit(self._topics, fences)
+
+    def forget_fences(self, names: list[str]) -> None:
+        """Drop fences the store no longer needs (``MessageStore.forget_fences``)."""
+        if any(n in self._fences for n in names):
+            self._commit(self._topics, {k: v for k, v in self._fences.items() if k not in names})
 
     def list(self, *, include_system: bool = False) -> list[Topic]:
         return sorted(

@@ -1,9 +1,11 @@
-"""The broker's durable store: commit log, consume queues, key index, group commit, recovery."""
+"""The broker's durable store: commit log, consume queues, key index, group commit, recovery,
+and the fences that delete a topic's records."""
 
 from txbroker.store.config import FlushMode, StoreConfig
 from txbroker.store.core import StoreState
+from txbroker.store.fences import TopicFence
 from txbroker.store.keyindex import KeyKind
-from txbroker.store.maintenance import RetentionReport
+from txbroker.store.maintenance import RetentionHook, RetentionReport
 from txbroker.store.reads import GetResult
 from txbroker.store.record import (
     MAX_BODY_BYTES,
@@ -12,7 +14,9 @@ from txbroker.store.record import (
     PROP_INTERNAL_KEY,
     PROP_KEYS,
     PROP_MESSAGE_ID,
+    PROP_ORIGINAL_TOPIC,
     PROP_TAGS,
+    PROP_TARGET_TOPIC,
     Message,
     RecordFlag,
     StoredMessage,
@@ -28,7 +32,9 @@ __all__ = [
     "PROP_INTERNAL_KEY",
     "PROP_KEYS",
     "PROP_MESSAGE_ID",
+    "PROP_ORIGINAL_TOPIC",
     "PROP_TAGS",
+    "PROP_TARGET_TOPIC",
     # the store
     "AppendResult",
     "FlushMode",
@@ -38,8 +44,10 @@ __all__ = [
     "MessageStore",
     "RecordFlag",
     "RecoveryReport",
+    "RetentionHook",
     "RetentionReport",
     "StoreConfig",
     "StoreState",
     "StoredMessage",
+    "TopicFence",
 ]

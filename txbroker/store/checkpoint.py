@@ -20,10 +20,11 @@ import msgspec
 from txbroker.store.atomicfile import write_atomic
 from txbroker.store.mapped import fsync_dir
 
-__all__ = ["Checkpoint", "ShutdownMarker", "read_checkpoint", "write_checkpoint"]
+__all__ = ["Checkpoint", "ShutdownMarker", "TailCut", "read_checkpoint", "write_checkpoint"]
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 ABORT_FILE: Final = "abort"
+CUT_FILE: Final = "cut"
 CHECKPOINT_VERSION: Final = 1
 
 
@@ -74,3 +75,27 @@ class ShutdownMarker:
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
         fsync_dir(self.path.parent)
+
+
+class TailCut:
+    """Where a failed write cut the log: a small file holding the offset from which nothing was
+    acknowledged (every client waiting there was told the append failed). Written when the
+    store fails; the next open drops the records from there on, so a restart never delivers a
+    record its producer was told failed. Removed once that recovery is durable."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / CUT_FILE
+
+    def read(self) -> int | None:
+        try:
+            return int(self.path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def write(self, offset: int) -> None:
+        write_atomic(self.path, str(offset).encode())
+
+    def clear(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
+            fsync_dir(self.path.parent)

@@ -87,6 +87,19 @@ def _seek_data_works(seg: MappedFile) -> bool:
     return True
 
 
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+    """``os.pwrite`` all of ``data`` or raise. A write that reaches a file size limit
+    (RLIMIT_FSIZE) or a quota is cut short without an error; the rest is retried, so the limit
+    surfaces as the OSError (EFBIG, ENOSPC, EDQUOT) it is instead of bytes silently missing."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote nothing at offset {offset + done}")
+        done += n
+
+
 class CommitLog:
     def __init__(self, directory: Path, segment_bytes: int, *, buffered: bool = False) -> None:
         self.dir = directory
@@ -102,6 +115,7 @@ class CommitLog:
         self._bases: list[int] = []
         self.write_pos = 0  # next physical offset to write; valid once recovered
         self._prealloc: concurrent.futures.Future[MappedFile] | None = None
+        self._ready: list[MappedFile] = []  # created segments after the active one, in order
         self._alloc_pool = concurrent.futures.ThreadPoolExecutor(1, "txb-alloc")
 
     # --- files ----------------------------------------------------------------------------
@@ -147,24 +161,62 @@ class CommitLog:
         path, size = self._path(base), self.segment_bytes
         self._prealloc = self._alloc_pool.submit(MappedFile.create, path, base, size)
 
+    def _next_segment(self, i: int) -> MappedFile:
+        """The ``i``-th segment after the active one, created now if it is not ready yet; it
+        joins the log only when an append rolls into it. Raises StoreFailed (nothing changed)
+        when it cannot be created: a full disk fails an append before anything is written."""
+        while len(self._ready) <= i:
+            prev = self._ready[-1] if self._ready else self.segments[-1]
+            base = prev.base + prev.size
+            fut, self._prealloc = self._prealloc, None
+            seg: MappedFile | None = None
+            if fut is not None:
+                try:
+                    seg = fut.result()  # normally long done; blocks only if appends outran it
+                except (OSError, StoreFailed):
+                    seg = None  # retried here, in the append that needs it
+                if seg is not None and seg.base != base:  # pragma: no cover - defensive
+                    seg.close()
+                    seg = None
+            if seg is None:
+                existing = self._path(base)
+                if existing.exists():
+                    seg = MappedFile.open(existing, base)
+                else:
+                    seg = MappedFile.create(existing, base, self.segment_bytes)
+            self._ready.append(seg)
+        return self._ready[i]
+
+    def reserve(self, sizes: list[int]) -> int:
+        """Make sure every segment records of ``sizes`` (appended next, in order) will need
+        exists; return where the first of them will be written."""
+        active = self.segments[-1]
+        end, pos, k = active.base + active.size, self.write_pos, 0
+        if len(sizes) == 1 and pos + sizes[0] <= end:
+            return pos  # the common case: one record, room in the active segment
+        first = -1
+        for size in sizes:
+            if pos + size > end:
+                seg = self._next_segment(k)
+                k += 1
+                pos, end = seg.base, seg.base + seg.size
+            if first < 0:
+                first = pos
+            pos += size
+        return first if first >= 0 else self.write_pos
+
     def _roll(self, active: MappedFile) -> MappedFile:
+        seg = self._next_segment(0)  # first: a failure here leaves the log as it was
         self.write_buffer()
         rel = self.write_pos - active.base
         remaining = active.size - rel
         if remaining >= SIZE_MAGIC.size:
-            os.pwrite(active.fd, SIZE_MAGIC.pack(remaining, MAGIC_BLANK), rel)
-        base = active.base + active.size
-        fut, self._prealloc = self._prealloc, None
-        if fut is not None:
-            seg = fut.result()  # normally long done; blocks only if appends outran allocation
-            assert seg.base == base
-        elif (existing := self._path(base)).exists():
-            seg = MappedFile.open(existing, base)
-        else:
-            seg = MappedFile.create(self._path(base), base, self.segment_bytes)
+            _pwrite_all(active.fd, SIZE_MAGIC.pack(remaining, MAGIC_BLANK), rel)
+        self._ready.pop(0)
         self._add(seg)
-        self.write_pos = self._buf_start = base
-        self._start_prealloc(base + seg.size)
+        self.write_pos = self._buf_start = seg.base
+        if not self._ready and self._prealloc is None:
+            self._start_prealloc(seg.base + seg.size)
         return seg
 
     # --- append ---------------------------------------------------------------------------
@@ -192,7 +244,7 @@ class CommitLog:
         if self.buffered:
             self._buf += data
         else:
-            os.pwrite(active.fd, data, phys - active.base)
+            _pwrite_all(active.fd, data, phys - active.base)
         self.write_pos = phys + size
         self.records += 1
         return phys, size
@@ -201,7 +253,7 @@ class CommitLog:
         """Hand buffered records to the kernel (one pwrite; they never span segments)."""
         if self._buf:
             seg = self.segments[-1]
-            os.pwrite(seg.fd, self._buf, self._buf_start - seg.base)
+            _pwrite_all(seg.fd, self._buf, self._buf_start - seg.base)
             self._buf.clear()
         self._buf_start = self.write_pos
 
@@ -370,8 +422,9 @@ class CommitLog:
                 log.exception("preallocation of the next segment failed")
             self._prealloc = None
         self._alloc_pool.shutdown(wait=True)
-        for seg in self.segments:
+        for seg in [*self.segments, *self._ready]:
             seg.close()
+        self._ready.clear()
 
     def sync_all(self) -> None:
         for seg in self.segments:

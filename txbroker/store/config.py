@@ -57,7 +57,12 @@ class StoreConfig:
                 f"segment_bytes={self.segment_bytes} cannot hold the largest record ({largest} "
                 "bytes); raise it or lower max_body_bytes"
             )
-        for name in ("flush_interval_ms", "checkpoint_interval_ms", "cq_entries_per_file"):
+        for name in (
+            "flush_interval_ms",
+            "checkpoint_interval_ms",
+            "cq_entries_per_file",
+            "retention_check_interval_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive")
         if self.index_slots <= 0 or self.index_capacity <= 0:

@@ -57,16 +57,19 @@ class ConsumeQueue:
         "topic",
     )
 
-    def __init__(self, root: Path, topic: str, queue_id: int, per_file: int) -> None:
+    def __init__(
+        self, root: Path, topic: str, queue_id: int, per_file: int, start: int = 0
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.dir = root / topic / str(queue_id)
         self.per_file = per_file
         self.files: list[MappedFile] = []
         self._bases: list[int] = []
-        self.min_offset = 0  # first queue offset still readable
-        self.max_offset = 0  # next queue offset to be written
-        self._synced = 0  # entries before this are known durable
+        # A queue of a re-created topic starts where the deleted one ended (see fences.py).
+        self.min_offset = start  # first queue offset still readable
+        self.max_offset = start  # next queue offset to be written
+        self._synced = start  # entries before this are known durable
 
     def load(self) -> None:
         """Open the queue's files. Raises CorruptLog if they do not tile the offset space
@@ -135,9 +138,16 @@ class ConsumeQueue:
             f = self.files[i]
             if qoff < f.base + f.size // CQ_ENTRY.size:
                 return f
-        base = qoff - qoff % self.per_file
+        # Files tile the offset space from the first one, which starts at the first entry the
+        # queue holds (0, or where a deleted topic's queue ended, or the first record a rebuild
+        # after retention finds), so a queue never begins with a run of unwritten entries.
         if not self.files:
+            base = qoff
             self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            last = self.files[-1]
+            edge = last.base + last.size // CQ_ENTRY.size if qoff >= last.base else self._bases[0]
+            base = edge + (qoff - edge) // self.per_file * self.per_file
         f = MappedFile.create(
             self.dir / f"{base:0{NAME_DIGITS}d}", base, self.per_file * CQ_ENTRY.size
         )
@@ -147,6 +157,19 @@ class ConsumeQueue:
         if len(self.files) == 1:
             self.min_offset = base
         return f
+
+    def reserve(self, count: int) -> None:
+        """Create the files the next ``count`` entries go to, so writing them cannot fail for
+        want of space or permission: an append allocates everything before it writes anything.
+        Raises StoreFailed (nothing written) when a file cannot be created."""
+        qoff, end = self.max_offset, self.max_offset + count
+        if self.files:
+            last = self.files[-1]
+            if last.base <= qoff and end <= last.base + last.size // CQ_ENTRY.size:
+                return  # the common case: room in the active file
+        while qoff < end:
+            f = self._file_for(qoff)
+            qoff = f.base + f.size // CQ_ENTRY.size
 
     def put(self, qoff: int, phys: int, size: int, taghash: int) -> None:
         """Write entry ``qoff``. In normal appends qoff == max_offset; recovery replays may
@@ -246,6 +269,19 @@ class ConsumeQueue:
                     lo = mid + 1
             self.min_offset = lo
         return dead
+
+    def first_at_or_after(self, phys: int) -> int:
+        """The first queue offset whose record lies at or after ``phys`` (``max_offset`` if
+        none): a queue's entries point into the log in increasing order."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry_raw(mid)
+            if e is not None and e[1] and e[0] >= phys:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def entry_raw(self, qoff: int) -> tuple[int, int, int] | None:
         f = self._file_for_read(qoff)

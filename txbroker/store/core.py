@@ -16,10 +16,11 @@ import enum
 from pathlib import Path
 
 from txbroker.errors import StoreClosed
-from txbroker.store.checkpoint import ShutdownMarker
+from txbroker.store.checkpoint import ShutdownMarker, TailCut
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.config import FlushMode, StoreConfig
 from txbroker.store.consumequeue import ConsumeQueue
+from txbroker.store.fences import Fences
 from txbroker.store.flush import GroupCommitter
 from txbroker.store.keyindex import KeyIndex
 from txbroker.store.recovery import RecoveryReport
@@ -59,6 +60,9 @@ class StoreCore:
         self._topic_bytes: dict[str, bytes] = {}
         self._dirty_queues: set[ConsumeQueue] = set()
         self._marker = ShutdownMarker(self.dir)
+        self._tail_cut = TailCut(self.dir)
+        self._cut_at: int | None = None  # where a failed write cut the log (TailCut)
+        self.fences = Fences()  # deleted topics (see fences.py); set before opening
         self._lock_fd = -1
         self._committer: GroupCommitter | None = None
         self._tasks: list[asyncio.Task[None]] = []

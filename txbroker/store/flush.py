@@ -59,6 +59,8 @@ class GroupCommitter:
         self._seq = 0
         self._requested = commitlog.write_pos  # end of the newest group sent
         self.failure: StoreFailed | None = None
+        # Called once, when the first failure is set (the store records where to cut the log).
+        self.on_failure: Callable[[], None] = lambda: None
         # Statistics for benchmarks and metrics.
         self.fsync_count = 0
         self.fsync_records = 0
@@ -194,12 +196,20 @@ class GroupCommitter:
         if self.failure is None:
             self.failure = failure
             log.error("%s", failure)
+            self._failed_first()
         self._fail(str(failure))
+
+    def _failed_first(self) -> None:
+        try:
+            self.on_failure()
+        except Exception:  # the failure stands whatever its bookkeeping does
+            log.exception("recording the store's failure failed")
 
     def _fail(self, why: str, waiters: list[asyncio.Future[None]] | None = None) -> None:
         if self.failure is None:
             self.failure = StoreFailed(f"{why}; the store stops accepting writes")
             log.error("%s", self.failure)
+            self._failed_first()
         pending = list(waiters or []) + self._waiters
         for g in self._groups:
             pending.extend(g.waiters)

@@ -30,6 +30,7 @@ Files are named by the physical offset of their first record (20 digits).
 from __future__ import annotations
 
 import enum
+import logging
 import struct
 import zlib
 from pathlib import Path
@@ -39,6 +40,8 @@ import google_crc32c
 
 from txbroker.errors import CorruptLog
 from txbroker.store.mapped import MappedFile, remove_temporaries
+
+log = logging.getLogger(__name__)
 
 __all__ = ["IndexFile", "KeyIndex", "KeyKind"]
 
@@ -103,22 +106,10 @@ class IndexFile:
     @classmethod
     def create(cls, path: Path, base_phys: int, slots: int, capacity: int) -> IndexFile:
         size = INDEX_HEADER.size + slots * SLOT.size + capacity * INDEX_ENTRY.size
-        f = MappedFile.create(path, base_phys, size)
-        INDEX_HEADER.pack_into(
-            f.mm,
-            0,
-            INDEX_MAGIC,
-            INDEX_VERSION,
-            slots,
-            capacity,
-            0,
-            0,
-            base_phys,
-            base_phys,
-            0,
-            0,
-            0,
+        head = INDEX_HEADER.pack(
+            INDEX_MAGIC, INDEX_VERSION, slots, capacity, 0, 0, base_phys, base_phys, 0, 0, 0
         )
+        f = MappedFile.create(path, base_phys, size, head)
         return cls(f)
 
     @property
@@ -229,18 +220,44 @@ class KeyIndex:
         remove_temporaries(self.dir)
         for p in sorted(self.dir.iterdir()):
             if p.name.isdigit() and len(p.name) == NAME_DIGITS:
-                self.files.append(IndexFile(MappedFile.open(p, int(p.name))))
+                f = MappedFile.open(p, int(p.name))
+                if not any(f.mm[: INDEX_HEADER.size]):
+                    # Created but its header never reached the disk (the machine went down
+                    # before a sync): it indexes nothing durable, and recovery re-indexes the
+                    # records past the checkpoint from the commit log.
+                    log.warning("removing %s: an index file whose creation never finished", p)
+                    f.close(unlink=True)
+                    continue
+                self.files.append(IndexFile(f))
+
+    def reserve(self, entries: int, phys: int) -> None:
+        """Make room for ``entries`` entries of records from ``phys`` on, starting a new file
+        if the active one lacks it, so indexing them cannot fail for want of space (an append
+        allocates everything before it writes anything). Raises StoreFailed or OSError when the
+        file cannot be created; nothing is written then."""
+        files = self.files
+        if entries and (not files or files[-1].count + min(entries, self.capacity) > self.capacity):
+            self._new_file(phys)
+
+    def _new_file(self, phys: int) -> None:
+        files = self.files
+        if files and files[-1].f.base >= phys:
+            if not files[-1].count:
+                return  # reserved already (and left empty by an append that failed after it)
+            phys = files[-1].f.base + 1  # one record fills a file: names stay unique, in order
+        path = self.dir / f"{phys:0{NAME_DIGITS}d}"
+        if path.exists():  # same start offset: a replay re-indexing this record
+            path.unlink()
+        new = IndexFile.create(path, phys, self.slot_count, self.capacity)
+        if files:
+            files[-1].write_header()
+            self._unsynced.append(files[-1])
+        files.append(new)
 
     def add(self, kind: int, key: str, phys: int, store_ms: int) -> None:
         files = self.files
         if not files or files[-1].full:
-            if files:
-                files[-1].write_header()
-                self._unsynced.append(files[-1])
-            path = self.dir / f"{phys:0{NAME_DIGITS}d}"
-            if path.exists():  # same start offset: a replay re-indexing this record
-                path.unlink()
-            files.append(IndexFile.create(path, phys, self.slot_count, self.capacity))
+            self._new_file(phys)
         data = key.encode()
         # Two different CRC polynomials give 64 reasonably independent bits cheaply (inlined
         # key_hash: this runs for every id, key and idempotency key appended).

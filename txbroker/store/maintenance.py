@@ -4,8 +4,10 @@ A checkpoint makes consume queues and the key index durable up to the current en
 and records that offset, so recovery replays only what came after it (see
 ``txbroker.store.checkpoint``). Retention deletes whole commit-log segments older than
 ``retention_ms`` or beyond ``retention_bytes``, with the queue and index files that only point
-into them. A housekeeping task runs both on their intervals; in async flush mode another asks
-the group committer to flush on its interval.
+into them. Before deleting, it tells its ``RetentionHook`` (if one is set) where the log will
+start, so an owner of records that must outlive their segment (the broker's open transactions)
+copies them forward first. A housekeeping task runs both on their intervals; in async flush
+mode another asks the group committer to flush on its interval.
 
 Separate from ``MessageStore`` (which extends this class) because none of it runs per message:
 it works on whole files, on timers, beside the append and read paths.
@@ -14,9 +16,11 @@ it works on whole files, on timers, beside the append and read paths.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
+from typing import Protocol
 
 import msgspec
 
@@ -27,7 +31,7 @@ from txbroker.store.core import StoreCore, StoreState
 from txbroker.store.mapped import MappedFile, fsync_dir
 from txbroker.store.record import HEADER, MAGIC_MESSAGE
 
-__all__ = ["RetentionReport", "StoreMaintenance", "unlink_all"]
+__all__ = ["RetentionHook", "RetentionReport", "StoreMaintenance", "unlink_all"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,22 @@ class RetentionReport(msgspec.Struct, frozen=True):
     log_min_offset: int
 
 
+class RetentionHook(Protocol):
+    """Told before retention deletes records: the store knows nothing of what its records
+    mean, so whoever does (the transaction layer, above the store) copies forward what must
+    survive. The store owns this interface; the layer above implements it."""
+
+    async def before_retention(self, log_start: int) -> None:
+        """Every record before the physical offset ``log_start`` is about to be deleted;
+        return once what must outlive them is appended again and durable. Raising keeps them:
+        nothing is deleted in this round (the next one asks again)."""
+        ...
+
+
 class StoreMaintenance(StoreCore):
+    # Set by the store's owner before records that must outlive their segment are written.
+    retention_hook: RetentionHook | None = None
+
     def _checkpoint_now(self) -> Checkpoint:
         base, count = self.index.state()
         return Checkpoint(
@@ -70,20 +89,18 @@ class StoreMaintenance(StoreCore):
 
     async def enforce_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete whole segments older than ``retention_ms`` or beyond ``retention_bytes``;
-        consume queues and index files that only point into them go too."""
+        consume queues and index files that only point into them go too. The hook is asked
+        first; only the segments planned before it ran are deleted (its copies made the log
+        longer, which the next round weighs)."""
         self._check_readable()
         now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        cut = self._retention_cut(now_ms)
+        if cut is None:
+            return RetentionReport(0, 0, self.log.min_offset)
+        if self.retention_hook is not None:
+            await self.retention_hook.before_retention(cut)
         dead: list[MappedFile] = []
-        cfg = self.config
-        while len(self.log.segments) > 1:
-            total = self.log.write_pos - self.log.min_offset
-            over_size = cfg.retention_bytes is not None and total > cfg.retention_bytes
-            expired = False
-            if cfg.retention_ms is not None:
-                newest_ms = _newest_ms(self.log.segments[0], self.log.segments[1])
-                expired = newest_ms is not None and now_ms - newest_ms > cfg.retention_ms
-            if not (over_size or expired):
-                break
+        while len(self.log.segments) > 1 and self.log.segments[1].base <= cut:
             seg = self.log.pop_oldest()
             if self._committer is not None:
                 self._committer.forget(seg.base)
@@ -102,6 +119,24 @@ class StoreMaintenance(StoreCore):
             await self.checkpoint()  # records the new log start; also syncs the directories
         return RetentionReport(segments, freed, log_min)
 
+    def _retention_cut(self, now_ms: int) -> int | None:
+        """Where the log will start once the segments due for deletion are gone (the base of
+        the oldest segment kept), or None when none is due. Never the active (last) one."""
+        cfg = self.config
+        segs = self.log.segments
+        end = self.log.write_pos
+        cut: int | None = None
+        for seg, successor in itertools.pairwise(segs):
+            over_size = cfg.retention_bytes is not None and end - seg.base > cfg.retention_bytes
+            expired = False
+            if cfg.retention_ms is not None:
+                newest_ms = _newest_ms(seg, successor)
+                expired = newest_ms is not None and now_ms - newest_ms > cfg.retention_ms
+            if not (over_size or expired):
+                break
+            cut = successor.base
+        return cut
+
     async def _housekeeping(self) -> None:
         cfg = self.config
         next_retention = time.monotonic() + cfg.retention_check_interval_ms / 1000
@@ -115,7 +150,9 @@ class StoreMaintenance(StoreCore):
                     if rep.segments_deleted:
                         log.info("retention deleted %d segments", rep.segments_deleted)
             except StoreFailed:
-                return
+                if self._state is not StoreState.OPEN:
+                    return  # failed: nothing more to make durable until a restart
+                log.exception("store housekeeping failed")  # an append refused: retried
             except Exception:  # keep housekeeping alive; the next round retries
                 log.exception("store housekeeping failed")
 

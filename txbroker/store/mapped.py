@@ -66,13 +66,17 @@ class MappedFile:
         self._unlink_on_close = False
 
     @classmethod
-    def create(cls, path: Path, base: int, size: int) -> MappedFile:
+    def create(cls, path: Path, base: int, size: int, head: bytes = b"") -> MappedFile:
         """Create, reserve and map a file. It is built under a temporary name and renamed into
-        place, so a crash mid-creation never leaves a short file under a real name."""
+        place, so a crash mid-creation never leaves a short file under a real name; ``head``
+        (a file header) is written before the rename, so a killed process never leaves a file
+        without its header either."""
         tmp = path.with_name(path.name + TMP_SUFFIX)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.posix_fallocate(fd, 0, size)
+            if head:
+                os.pwrite(fd, head, 0)
             os.rename(tmp, path)
         except OSError as e:
             os.close(fd)

@@ -63,7 +63,10 @@ class StoreReads(StoreCore):
         max_count: int = 32,
         tags: Iterable[str] | None = None,
     ) -> GetResult:
-        """Up to ``max_count`` messages of one queue from queue offset ``offset`` on."""
+        """Up to ``max_count`` messages of one queue from queue offset ``offset`` on. Messages
+        of deleted topics are skipped (see ``fences.py``), so an answer may hold fewer than
+        the queue's entries, or none, with ``next_offset`` past them: page by ``next_offset``.
+        """
         validate_topic(topic)
         if type(offset) is not int or offset < 0:
             raise InvalidOffset(f"queue offset must be a non-negative int: {offset!r}")
@@ -72,7 +75,8 @@ class StoreReads(StoreCore):
         self._check_readable()
         cq = self.queues.get((topic, queue_id))
         if cq is None:
-            return GetResult([], offset, 0, 0)
+            start = self.fences.start(topic, queue_id)
+            return GetResult([], max(offset, start), start, start)
         hashes = {tag_hash(t) for t in tags} if tags is not None else None
         entries, next_off = cq.read(offset, max_count, hashes)
         limit = self.readable_offset
@@ -90,12 +94,23 @@ class StoreReads(StoreCore):
                 None, lambda: [self.log.read_cold(e[1]) for e in entries]
             )
         msgs = [decode_record(r) for r in raws]
+        if self.fences:
+            # Copies in internal queues of a deleted topic's messages (and anything read while
+            # the topic was being deleted) are skipped; next_offset moves past them.
+            msgs = [
+                m for m in msgs if not self.fences.is_dead(m.topic, m.properties, m.physical_offset)
+            ]
         return GetResult(msgs, next_off, cq.min_offset, cq.max_offset)
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) queue offsets: readable messages are min <= offset < max."""
         cq = self.queues.get((topic, queue_id))
-        return (cq.min_offset, cq.max_offset) if cq else (0, 0)
+        if cq is None:  # nothing stored yet (a re-created topic's queues start on, fences.py)
+            start = self.fences.start(topic, queue_id)
+            return (start, start)
+        if self._cut_at is not None:  # the store failed: what it cut off is not counted
+            return (cq.min_offset, max(cq.first_at_or_after(self._cut_at), cq.min_offset))
+        return (cq.min_offset, cq.max_offset)
 
     def may_hold(self, kind: KeyKind, key: str) -> bool:
         """False when no message has ``key`` (no I/O); True means :meth:`lookup` may find one
@@ -119,6 +134,13 @@ class StoreReads(StoreCore):
                 msg = await self.read(phys)
             except (NotFound, InvalidOffset):
                 continue
+            if kind is not KeyKind.INTERNAL and self.fences.is_dead(
+                msg.topic, msg.properties, phys
+            ):
+                # A deleted topic's message is gone for readers. Internal keys still find it:
+                # they answer "did this step happen?" (a transaction's decision record, a
+                # retry's copy), which its deletion does not undo.
+                continue
             if msg.store_timestamp_ms >= since_ms and _has_key(msg, kind, key):
                 out.append(msg)
                 if len(out) >= limit:
@@ -128,10 +150,13 @@ class StoreReads(StoreCore):
     @property
     def readable_offset(self) -> int:
         """Consumers see records below this: in sync mode only durable ones, so no consumer
-        ever acts on a record a power loss could still take back; in async mode all."""
+        ever acts on a record a power loss could still take back; in async mode all. Never
+        past where a failed write cut the log (see ``TailCut``)."""
         if self._sync:
-            return self._committer.flushed if self._committer else 0
-        return self.log.write_pos
+            end = self._committer.flushed if self._committer else 0
+        else:
+            end = self.log.write_pos
+        return end if self._cut_at is None else min(end, self._cut_at)
 
 
 def _has_key(msg: StoredMessage, kind: KeyKind, key: str) -> bool:

@@ -48,7 +48,9 @@ __all__ = [
     "PROP_INTERNAL_KEY",
     "PROP_KEYS",
     "PROP_MESSAGE_ID",
+    "PROP_ORIGINAL_TOPIC",
     "PROP_TAGS",
+    "PROP_TARGET_TOPIC",
     "Message",
     "RecordFlag",
     "StoredMessage",
@@ -97,6 +99,10 @@ PROP_KEYS: Final = "keys"  # business keys, space-separated; each is indexed
 PROP_TAGS: Final = "tags"  # one tag, used for server-side filtering via the tag hash
 PROP_IDEMPOTENCY_KEY: Final = "ik"  # producer's idempotency key, indexed for deduplication
 PROP_INTERNAL_KEY: Final = "ix"  # broker-internal dedup key (e.g. a scheduler hop), indexed
+# A copy of a message in a broker-internal topic names the user topic it belongs to (so the
+# copies die with that topic: see fences.py).
+PROP_ORIGINAL_TOPIC: Final = "ot"  # retry and dead-letter copies: the topic consumed from
+PROP_TARGET_TOPIC: Final = "tt"  # half messages and delayed copies: the topic delivered to
 
 KEY_SEPARATOR: Final = " "
 

@@ -6,12 +6,14 @@ Phases run in order through one guarded transition function; the report says wha
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
@@ -19,6 +21,7 @@ from txbroker.errors import CorruptLog
 from txbroker.store.checkpoint import Checkpoint, queue_key, read_checkpoint
 from txbroker.store.commitlog import CommitLog, ScanEnd
 from txbroker.store.consumequeue import ConsumeQueue, tag_hash
+from txbroker.store.fences import Fences
 from txbroker.store.keyindex import KeyIndex, KeyKind
 from txbroker.store.record import (
     KEY_SEPARATOR,
@@ -31,6 +34,8 @@ from txbroker.store.record import (
 )
 
 __all__ = ["Phase", "RecoveryReport", "recover"]
+
+_CUT: Final = "cut: not acknowledged"
 
 log = logging.getLogger(__name__)
 _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
@@ -133,9 +138,16 @@ def recover(
     cq_per_file: int,
     abnormal: bool,
     truncate_damage: bool = False,
+    fences: Fences | None = None,
+    cut_at: int | None = None,
 ) -> RecoveryReport:
+    """Bring log, queues and index into agreement (see the module docstring). ``fences``: the
+    deleted topics' fences, whose dead records no queue gets back. ``cut_at``: where a failed
+    write cut the log (see ``TailCut``); nothing from there on was acknowledged."""
     t0 = time.perf_counter()
+    fences = fences or Fences()
     rep = RecoveryReport(abnormal=abnormal)
+    _drop_dead_queues(queues, fences, cq_root)
     cp = read_checkpoint(data_dir)
     if cp is None:
         # No checkpoint: nothing is known consistent; verify and replay the whole log.
@@ -150,7 +162,12 @@ def recover(
     # A queue shorter on disk than the checkpoint says (or missing) is rebuilt from the log.
     for key, count in cp.queues.items():
         topic, _, qid = key.rpartition("/")
+        fence = fences.get(topic)
+        if fence is not None and fence.phys >= cp.log_offset:
+            continue  # counted before the topic was deleted: those entries are dead
         cq = queues.get((topic, int(qid)))
+        if cq is None and count <= fences.start(topic, int(qid)):
+            continue  # a re-created topic's queue, empty: nothing to rebuild
         if cq is not None:
             cq.reload_end(count)
         if cq is None or cq.max_offset < count:
@@ -183,17 +200,32 @@ def recover(
     rep.advance(Phase.REPLAY)
     end_out: list[ScanEnd] = []
     n = 0
+    cut = cut_at if cut_at is not None and cut_at >= commitlog.min_offset else None
+    if cut is not None and cut < p:
+        # A checkpoint past the cut: written by a failed store's close before that was fixed.
+        # The cut stands (nothing from there on was acknowledged); recover from it, so the
+        # queue entries between it and the checkpoint are dropped too.
+        log.warning("checkpoint at %d lies past the cut at %d: recovering from the cut", p, cut)
+        p = rep.checkpoint_offset = cut
+        if not (rebuild or rebuild_index):
+            replay_from = rep.replay_from = cut
     for rec in commitlog.scan(replay_from, end_out):
+        if cut is not None and rec.phys >= cut:
+            end_out.append(ScanEnd(rec.phys, _CUT))
+            break
         past_cp = rec.phys >= p
         qkey = (rec.topic, rec.queue_id)
         to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
+        if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
+            to_queue = False  # its topic was deleted; the index keeps it for internal keys
         # Half messages are not indexed (see store._UNINDEXED); replay must build the same index.
         to_index = (past_cp or rebuild_index) and not rec.flags & RecordFlag.TX_HALF
         if not (to_queue or to_index):
             continue
         cq = queues.get(qkey)
         if cq is None:
-            cq = queues[qkey] = ConsumeQueue(cq_root, rec.topic, rec.queue_id, cq_per_file)
+            start = fences.start(*qkey)
+            cq = queues[qkey] = ConsumeQueue(cq_root, *qkey, cq_per_file, start)
         props = _props_decoder.decode(rec.props) if rec.props else {}
         dispatch(
             cq,
@@ -209,11 +241,23 @@ def recover(
         n += 1
     rep.records_replayed = n
     end, reason = end_out[-1]
+    if cut is not None and reason != _CUT and end >= cut:
+        # The scan stopped at or past the cut for another reason (a record the failed write
+        # left torn, zeros where it wrote nothing): not damage, the unacknowledged tail.
+        reason = _CUT
     rep.end_offset = end
     rep.torn_reason = reason
 
     rep.advance(Phase.TRUNCATE)
-    if reason is not None or abnormal:
+    if reason == _CUT:
+        # Not damage: records a failed write left and the client was told failed (sync mode:
+        # never acknowledged). Valid records follow by design; drop them all.
+        log.warning("recovery dropped the unacknowledged records from offset %d on", end)
+        rep.torn_bytes_cleared = commitlog.truncate(end, clear_tail=True)
+        for cq in queues.values():
+            cq.truncate_from_phys(end)
+            cq.clear_after_end()
+    elif reason is not None or abnormal:
         if reason is not None and end < p:
             raise CorruptLog(
                 f"commit log record at offset {end} is invalid ({reason}) inside the region the "
@@ -252,6 +296,27 @@ def recover(
     rep.advance(Phase.DONE)
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _drop_dead_queues(
+    queues: dict[tuple[str, int], ConsumeQueue], fences: Fences, cq_root: Path
+) -> None:
+    """Remove queues of a deleted topic that a crash left on disk (the deletion is durable in
+    the fences before the files go): their entries point at dead records."""
+    if not fences:
+        return
+    for (topic, qid), cq in list(queues.items()):
+        fence = fences.get(topic)
+        if fence is None:
+            continue
+        first = cq.entry_raw(cq.min_offset) if cq.max_offset > cq.min_offset else None
+        dead_first = first is not None and first[1] != 0 and first[0] < fence.phys
+        if dead_first or cq.min_offset < fence.ends.get(qid, 0):
+            del queues[(topic, qid)]
+            cq.close()
+            shutil.rmtree(cq_root / topic / str(qid), ignore_errors=True)
+            with contextlib.suppress(OSError):  # the topic's directory, once empty
+                (cq_root / topic).rmdir()
 
 
 def _wipe_index(index: KeyIndex) -> None:

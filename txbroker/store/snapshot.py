@@ -3,7 +3,9 @@
 The owner marks it dirty on each change. Once a second the broker takes the snapshot on the
 event loop (``take``: encodes the state there, so no other thread ever iterates a dict the loop
 is changing) and writes it in a worker thread (``write``). A failed write makes the snapshot
-due again, so nothing is silently skipped.
+due again, so nothing is silently skipped. Saves are serialised: two writers (the broker's
+housekeeping and a transaction layer saving after it moved half messages) never share the
+temporary file, and the later state is always the one written last.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Snapshot:
         self.path = path
         self._encode = encode
         self.dirty = False
+        self._saving = asyncio.Lock()
 
     def mark(self) -> None:
         self.dirty = True
@@ -47,6 +50,7 @@ class Snapshot:
             self.write(data)
 
     async def save_async(self) -> None:
-        data = self.take()
-        if data is not None:
-            await asyncio.to_thread(self.write, data)
+        async with self._saving:
+            data = self.take()
+            if data is not None:
+                await asyncio.to_thread(self.write, data)

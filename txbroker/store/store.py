@@ -23,8 +23,8 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Sequence
-from typing import Final, TypeAlias
+from collections.abc import Mapping, Sequence
+from typing import Final, NoReturn, TypeAlias
 
 import msgspec
 
@@ -35,12 +35,19 @@ from txbroker.store.checkpoint import write_checkpoint
 from txbroker.store.config import StoreConfig
 from txbroker.store.consumequeue import ConsumeQueue
 from txbroker.store.core import StoreState
+from txbroker.store.deletion import StoreDeletion
+from txbroker.store.fences import Fences, TopicFence
 from txbroker.store.flush import GroupCommitter
 from txbroker.store.maintenance import StoreMaintenance, unlink_all
 from txbroker.store.mapped import MappedFile
 from txbroker.store.reads import StoreReads
 from txbroker.store.record import (
+    HEADER,
+    KEY_SEPARATOR,
     MAX_QUEUE_ID,
+    PROP_IDEMPOTENCY_KEY,
+    PROP_INTERNAL_KEY,
+    PROP_KEYS,
     PROP_MESSAGE_ID,
     Message,
     RecordFlag,
@@ -61,6 +68,7 @@ _Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], b
 # Half messages are never looked up by key or id (their committed copies are), so they are not
 # indexed: saves index space and time on the transaction hot path.
 _UNINDEXED: Final = int(RecordFlag.TX_HALF)
+_HEADER_BYTES: Final = HEADER.size
 
 
 class AppendResult(msgspec.Struct, frozen=True, gc=False):
@@ -73,12 +81,17 @@ class AppendResult(msgspec.Struct, frozen=True, gc=False):
     store_timestamp_ms: int
 
 
-class MessageStore(StoreReads, StoreMaintenance):
+class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, config: StoreConfig) -> MessageStore:
+    async def open(
+        cls, config: StoreConfig, fences: Mapping[str, TopicFence] | None = None
+    ) -> MessageStore:
+        """Open (and recover) the store in ``config.data_dir``. ``fences``: the deleted topics'
+        fences, as persisted by the topic registry (see ``txbroker.store.fences``)."""
         store = cls(config)
+        store.fences = Fences(fences)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, store._open_files)
@@ -86,6 +99,7 @@ class MessageStore(StoreReads, StoreMaintenance):
             await loop.run_in_executor(None, store._close_files_quietly)
             raise
         store._committer = GroupCommitter(loop, store.log)
+        store._committer.on_failure = store._on_commit_failure
         store._transition(StoreState.OPEN)
         store._tasks.append(asyncio.create_task(store._housekeeping(), name="txb-store-house"))
         if not store._sync:
@@ -115,6 +129,8 @@ class MessageStore(StoreReads, StoreMaintenance):
             self.config.cq_entries_per_file,
             abnormal,
             self.config.truncate_damaged_tail,
+            self.fences,
+            self._tail_cut.read(),
         )
         rep = self.recovery
         if rep.records_replayed or rep.queues_rebuilt or rep.index_rebuilt or abnormal:
@@ -129,6 +145,9 @@ class MessageStore(StoreReads, StoreMaintenance):
                 rep.replay_from,
                 rep.seconds,
             )
+        clamped = self.fences.clamp(self.log.write_pos)
+        if clamped:
+            log.warning("fences of deleted topics %s moved back to the end of the log", clamped)
         # Retention may have deleted segments whose queue entries are still on disk: move each
         # queue's minimum past them, and drop files that only point into them.
         dead: list[MappedFile] = []
@@ -137,6 +156,7 @@ class MessageStore(StoreReads, StoreMaintenance):
         dead.extend(self.index.drop_before_phys(self.log.min_offset))
         unlink_all(dead)
         write_checkpoint(self.dir, self._checkpoint_now())
+        self._tail_cut.clear()  # applied and durable (the log and the checkpoint above)
         self._marker.set()
 
     def _close_files_quietly(self) -> None:
@@ -159,7 +179,15 @@ class MessageStore(StoreReads, StoreMaintenance):
         if self._state is StoreState.CREATED:
             self._transition(StoreState.CLOSED)
             return
-        clean = self._state is StoreState.OPEN
+        assert self._committer is not None
+        # A failed store writes no checkpoint: its log ends at the cut (TailCut), and a
+        # checkpoint past it would make the next open ignore the cut and keep queue entries
+        # for records that were never written (or that their producers were told failed).
+        clean = (
+            self._state is StoreState.OPEN
+            and self._committer.failure is None
+            and self._cut_at is None
+        )
         self._transition(StoreState.CLOSING)
         for t in self._tasks:
             t.cancel()
@@ -199,7 +227,8 @@ class MessageStore(StoreReads, StoreMaintenance):
         """Append without waiting for durability (see :meth:`durable`). All checks run before
         anything is written, so a rejected message leaves the store untouched."""
         self._check_open()
-        return self._write(self._prepare(msg))
+        p = self._prepare(msg)
+        return self._write_all((p,))[0]
 
     def validate(self, msg: Message) -> None:
         """Raise what :meth:`append` would raise for ``msg``'s content, writing nothing."""
@@ -241,35 +270,109 @@ class MessageStore(StoreReads, StoreMaintenance):
             props = {**props, PROP_MESSAGE_ID: mid}
         return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
 
-    def _write(self, p: _Prepared) -> AppendResult:
-        topic, tb, body, qid, flags, born, props, props_b, mid = p
+    def _write_all(self, batch: Sequence[_Prepared]) -> list[AppendResult]:
+        """Append every record of ``batch`` or none. Everything that can fail for want of
+        space or permission (a log segment, a queue file, a key-index file) is created first;
+        if that fails, nothing was written, the store stays open, and the next append tries
+        again (a full disk refuses appends until space comes back). Only an I/O error while
+        writing what was reserved fails the store (see :meth:`_fail_write`)."""
         try:
-            key = (topic, qid)
+            queues = self._reserve(batch)
+        except (OSError, StoreFailed) as e:
+            raise StoreFailed(f"append refused, nothing was written: {e}") from e
+        first = self.log.write_pos
+        out: list[AppendResult] = []
+        try:
+            for p in batch:
+                out.append(self._write(p, queues))
+        except (OSError, StoreFailed) as e:
+            self._fail_write(e, first)
+        return out
+
+    def _reserve(self, batch: Sequence[_Prepared]) -> dict[tuple[str, int], ConsumeQueue]:
+        """Create the files ``batch`` will be written to (see :meth:`_write_all`); return its
+        consume queues, new ones included (they join the store when a record is written)."""
+        sizes: list[int] = []
+        counts: dict[tuple[str, int], int] = {}
+        entries = 0
+        for topic, tb, body, qid, flags, _born, props, props_b, _mid in batch:
+            sizes.append(_HEADER_BYTES + len(tb) + len(props_b) + len(body))
+            counts[(topic, qid)] = counts.get((topic, qid), 0) + 1
+            if not flags & _UNINDEXED:  # as dispatch() indexes it (an upper bound)
+                keys = props.get(PROP_KEYS)
+                entries += 1 + (keys.count(KEY_SEPARATOR) + 1 if keys else 0)
+                entries += (PROP_IDEMPOTENCY_KEY in props) + (PROP_INTERNAL_KEY in props)
+        phys = self.log.reserve(sizes)
+        queues: dict[tuple[str, int], ConsumeQueue] = {}
+        for key, n in counts.items():
             cq = self.queues.get(key)
             if cq is None:
-                cq = self.queues[key] = ConsumeQueue(
-                    self._cq_root, topic, qid, self.config.cq_entries_per_file
-                )
-            qoff = cq.max_offset
-            store_ms = time.time_ns() // 1_000_000
-            phys, size = self.log.append(
-                tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
-            )
-            dispatch(
-                cq, self.index, props, phys, size, qoff, store_ms, to_index=flags & _UNINDEXED == 0
-            )
-        except (OSError, StoreFailed) as e:
-            # The record may be in the log and not in its queue: nothing can be undone safely
-            # in place, so stop appending; reopening recovers a consistent state.
-            failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
-            if failure is not e:
-                failure.__cause__ = e
-            assert self._committer is not None
-            self._committer.poison(failure)
-            self._transition(StoreState.FAILED)
-            raise failure from None
+                topic, qid = key
+                start = self.fences.start(topic, qid)
+                cq = ConsumeQueue(self._cq_root, topic, qid, self.config.cq_entries_per_file, start)
+            cq.reserve(n)
+            queues[key] = cq
+        self.index.reserve(entries, phys)
+        return queues
+
+    def _write(self, p: _Prepared, queues: dict[tuple[str, int], ConsumeQueue]) -> AppendResult:
+        topic, tb, body, qid, flags, born, props, props_b, mid = p
+        key = (topic, qid)
+        cq = queues[key]
+        qoff = cq.max_offset
+        store_ms = time.time_ns() // 1_000_000
+        phys, size = self.log.append(
+            tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
+        )
+        if self.queues.get(key) is not cq:
+            self.queues[key] = cq
+        dispatch(
+            cq, self.index, props, phys, size, qoff, store_ms, to_index=flags & _UNINDEXED == 0
+        )
         self._dirty_queues.add(cq)
         return AppendResult(topic, qid, qoff, phys, size, mid, store_ms)
+
+    def _fail_write(self, e: BaseException, first: int) -> NoReturn:
+        """A write the reservation made safe failed all the same (an I/O error): part of the
+        batch may be in the log and not in its queue, which cannot be undone safely in place.
+        Stop appending, and cut the log durably where nothing after was acknowledged, so no
+        restart delivers what the client was told failed: in sync flush mode from the flushed
+        offset (nothing past it was acknowledged), else from the batch's first record."""
+        failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
+        if failure is not e:
+            failure.__cause__ = e
+        assert self._committer is not None
+        self._cut_tail(self._committer.flushed if self._sync else first)
+        self._committer.poison(failure)  # calls _on_commit_failure: the store is FAILED
+        if self._state is StoreState.OPEN:  # the committer had failed already
+            self._transition(StoreState.FAILED)
+        raise failure from None
+
+    def _on_commit_failure(self) -> None:
+        """The group committer failed (a write or an fdatasync of the log, or the syncer
+        died), or a write did: in sync mode nothing past the flushed offset was acknowledged,
+        so cut the log there; and the store is FAILED from now on, not at its next append, so
+        nothing (a close, a checkpoint) treats it as healthy."""
+        if self._sync:
+            self._cut_tail(self.flushed_offset)
+        if self._state is StoreState.OPEN:
+            self._transition(StoreState.FAILED)
+
+    def _cut_tail(self, offset: int) -> None:
+        """Record durably that the log ends at ``offset`` (see ``TailCut``); the first cut of
+        a run stands. If even that write fails, the disk is gone and recovery keeps what it
+        finds (logged loudly)."""
+        if self._cut_at is not None:
+            return
+        self._cut_at = offset  # from now on nothing from there is read or counted (reads.py)
+        try:
+            self._tail_cut.write(offset)
+        except OSError:
+            log.exception(
+                "cannot record where the failed write cut the log (offset %d): records after "
+                "it that clients were told failed may come back at the next start",
+                offset,
+            )
 
     def durable(self) -> asyncio.Future[None] | None:
         """In sync mode, a future resolved when everything appended so far is on disk."""
@@ -286,10 +389,11 @@ class MessageStore(StoreReads, StoreMaintenance):
         return res
 
     async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
-        """Append several messages; every one is validated before any is written."""
+        """Append several messages, all or none: every one is validated and every file they
+        need is created before any is written."""
         self._check_open()
         prepared = [self._prepare(m) for m in msgs]
-        out = [self._write(p) for p in prepared]
+        out = self._write_all(prepared) if prepared else []
         if self._sync and out:
             assert self._committer is not None
             await self._committer.wait_durable()

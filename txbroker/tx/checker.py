@@ -7,9 +7,12 @@ checks that reached the endpoint count; after ``max_checks`` of them the transac
 for an operator. An unreachable endpoint is retried with the same backoff but never parks a
 transaction by itself (nothing was asked).
 
-Bounded so 100k pending transactions never become a storm: at most ``concurrency`` checks in
-flight, and per endpoint (scheme, host, port) at most ``rate_per_s``. Rate limiting reserves
-slots in time (virtual scheduling), so a backlog spreads evenly instead of retrying in bursts.
+Bounded so 100k pending transactions never become a storm, and fair so one broken service
+never delays another's recovery: at most ``concurrency`` checks in flight overall; due checks
+wait in the fair lanes (``txbroker.tx.lanes``), one queue per (endpoint, producer group) served
+round robin, each endpoint (scheme, host, port) with its own concurrency bound, ``rate_per_s``
+and circuit breaker. Every check has a total ``deadline_ms`` besides httpx's per-phase
+``timeout_ms``, so an endpoint that trickles bytes cannot hold a lane for long either.
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry.trace import Span
 
 from txbroker.errors import TransactionConflict, TxbError
+from txbroker.runtime import tracing as tr
+from txbroker.runtime.tracing import tracing_on
+from txbroker.tx import spans
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.state import Decision, Resolver, Tx, TxState
+from txbroker.tx.lanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
+from txbroker.tx.state import CheckRecord, Decision, Resolver, Tx, TxState
 from txbroker_checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
 
 __all__ = ["BackChecker", "CheckSettings"]
@@ -49,17 +56,26 @@ class CheckSettings:
     backoff_cap_ms: int = 300_000
     max_checks: int = 15
     concurrency: int = 64
-    rate_per_s: float = 100.0
-    timeout_ms: int = 3_000
+    rate_per_s: float = 100.0  # per endpoint
+    timeout_ms: int = 3_000  # httpx's, per phase (connect, write, each read)
+    deadline_ms: int = 10_000  # the whole check, from the request to its answer
+    endpoint_concurrency: int = 8
+    breaker_failures: int = 5
+    breaker_base_ms: int = 5_000
+    breaker_cap_ms: int = 300_000
+
+    def lanes(self) -> LaneSettings:
+        return LaneSettings(
+            self.endpoint_concurrency,
+            self.rate_per_s,
+            self.breaker_failures,
+            self.breaker_base_ms,
+            self.breaker_cap_ms,
+        )
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _endpoint(url: str) -> str:
-    u = urlsplit(url)
-    return f"{u.scheme}://{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
 
 
 class BackChecker:
@@ -68,10 +84,9 @@ class BackChecker:
         self.settings = settings
         self._heap: list[tuple[int, str]] = []
         self._wake = asyncio.Event()
-        self._slots: dict[str, float] = {}  # endpoint -> next free send time (monotonic s)
-        self._booked: set[str] = set()  # deferred transactions holding a reserved slot
-        self._last_send: dict[str, float] = {}  # endpoint -> when the last check went out
-        self._sem = asyncio.Semaphore(settings.concurrency)
+        self._lanes = FairLanes(settings.lanes())
+        self._free = settings.concurrency  # global lanes not in use
+        self._checking: set[str] = set()  # transactions whose check is out
         self._inflight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
@@ -110,6 +125,25 @@ class BackChecker:
     def inflight(self) -> int:
         return len(self._inflight)
 
+    def endpoints(self) -> list[EndpointInfo]:
+        """Endpoints with checks queued, in flight or failing, for the admin API."""
+        return self._lanes.info(time.monotonic())
+
+    @property
+    def open_endpoints(self) -> int:
+        return self._lanes.open_count()
+
+    def _due(self, tx_id: str) -> bool:
+        """Whether a queued check is still wanted: ended, parked, in flight or rescheduled
+        later since it was queued, it is dropped."""
+        tx = self._coord.open.get(tx_id)
+        return (
+            tx is not None
+            and tx.state is TxState.PREPARED
+            and tx_id not in self._checking
+            and tx.next_check_ms <= _now_ms()
+        )
+
     async def _run(self) -> None:
         while True:
             self._wake.clear()
@@ -118,66 +152,52 @@ class BackChecker:
                 due_ms, tx_id = heapq.heappop(self._heap)
                 tx = self._coord.open.get(tx_id)
                 if tx is None or tx.state is not TxState.PREPARED or tx.next_check_ms != due_ms:
-                    if tx is None or tx.state is not TxState.PREPARED:
-                        self._booked.discard(tx_id)
                     continue  # ended, parked, or rescheduled since: a stale heap entry
-                if tx_id in self._booked:
-                    self._booked.discard(tx_id)  # its slot was reserved when it was deferred
-                else:
-                    slot = self._reserve(tx.check_url)
-                    if slot > 0:
-                        # Over this endpoint's rate: book the next free slot, uncounted.
-                        tx.next_check_ms = now + int(slot * 1000)
-                        self._booked.add(tx_id)
-                        heapq.heappush(self._heap, (tx.next_check_ms, tx_id))
-                        continue
-                await self._sem.acquire()  # bounded concurrency: wait for a free lane
-                # Booked slots spread a backlog out, but a wait for a lane can bunch them up
-                # again: the rate is enforced here too, at the moment of sending.
-                gap = self._spacing(tx.check_url)
-                if gap > 0:
-                    self._sem.release()
-                    tx.next_check_ms = _now_ms() + max(int(gap * 1000), 1)
-                    self._booked.add(tx_id)
-                    heapq.heappush(self._heap, (tx.next_check_ms, tx_id))
-                    now = _now_ms()
-                    continue
-                task = asyncio.create_task(self._check(tx))
+                self._lanes.push(tx_id, endpoint_of(tx.check_url), tx.producer_group)
+            while self._free > 0:
+                got = self._lanes.pop(time.monotonic(), self._due)
+                if got is None:
+                    break
+                tx_id, endpoint = got
+                self._free -= 1
+                self._checking.add(tx_id)
+                task = asyncio.create_task(self._check(self._coord.open[tx_id], endpoint))
                 self._inflight.add(task)
                 self.max_inflight = max(self.max_inflight, len(self._inflight))
                 task.add_done_callback(self._inflight.discard)
-                now = _now_ms()
             nap = MAX_NAP_S
             if self._heap:
                 nap = min(nap, max(self._heap[0][0] - _now_ms(), 0) / 1000)
+            ready = self._lanes.next_ready(time.monotonic()) if self._free > 0 else None
+            if ready is not None:
+                nap = min(nap, ready)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(nap):
                     await self._wake.wait()
 
-    def _spacing(self, url: str) -> float:
-        """Seconds until this endpoint may be sent to (0: now, and the send is recorded)."""
-        ep = _endpoint(url)
-        now = time.monotonic()
-        last = self._last_send.get(ep)
-        interval = 1.0 / self.settings.rate_per_s
-        if last is not None and now - last < interval:
-            return interval - (now - last)
-        self._last_send[ep] = now
-        return 0.0
+    async def _call(
+        self,
+        http: httpx.AsyncClient,
+        url: str,
+        req: CheckRequest,
+        secret: str,
+        traceparent: str | None,
+        timeout_s: float,
+    ) -> CheckResult:
+        """call_check within the check's total deadline."""
+        t0 = time.perf_counter()
+        deadline_ms = self.settings.deadline_ms
+        try:
+            async with asyncio.timeout(deadline_ms / 1000):
+                return await call_check(http, url, req, secret, traceparent, timeout_s)
+        except TimeoutError:
+            reason = f"no answer within the check's deadline ({deadline_ms} ms)"
+            seconds = time.perf_counter() - t0
+            return CheckResult(CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, reason, seconds)
 
-    def _reserve(self, url: str) -> float:
-        """Seconds until this endpoint may be checked again (0: now, and the slot is taken)."""
-        ep = _endpoint(url)
-        now = time.monotonic()
-        interval = 1.0 / self.settings.rate_per_s
-        free = max(self._slots.get(ep, now), now)
-        if free - now > 1e-9:
-            self._slots[ep] = free + interval
-            return free - now
-        self._slots[ep] = now + interval
-        return 0.0
-
-    async def _check(self, tx: Tx) -> None:
+    async def _check(self, tx: Tx, endpoint: str) -> None:
+        failed = False  # timed out or could not connect: the endpoint's breaker counts it
+        span: Span | None = None
         try:
             secret = self._coord.secret_for(tx.producer_group)
             assert self._http is not None
@@ -187,31 +207,46 @@ class BackChecker:
                 req = CheckRequest(
                     tx.tx_id, tx.topic, tx.producer_group, tx.checks, tx.key, tx.message_id
                 )
-                res = await call_check(
+                # Traced: the CLIENT span's traceparent goes out, so the service's span is its
+                # child; untraced, the producer's (if any) still joins the check to its trace.
+                traceparent = tx.traceparent
+                if tracing_on():
+                    span = spans.start_check(tx)
+                    traceparent = tr.traceparent(span)
+                res = await self._call(
                     self._http,
                     tx.check_url,
                     req,
                     secret,
-                    tx.traceparent,
+                    traceparent,
                     self.settings.timeout_ms / 1000,
                 )
-            self._record(res)
-            await self._apply(tx, res)
+                if span is not None:
+                    spans.checked(span, res)
+            self._record(tx, res)
+            failed = res.outcome in (CheckOutcome.TIMEOUT, CheckOutcome.UNREACHABLE)
+            await self._apply(tx, res, span)
         except asyncio.CancelledError:
             raise
         except Exception:  # keep checking others; this one is rescheduled
             log.exception("back-check of %s failed", tx.tx_id)
             self._reschedule(tx, "internal error during the check")
         finally:
-            self._sem.release()
+            if span is not None and span.is_recording():
+                span.end()  # the check failed before its answer ended the span
+            self._checking.discard(tx.tx_id)
+            self._lanes.done(endpoint, time.monotonic(), failed=failed)
+            self._free += 1
+            self._wake.set()  # a lane is free
 
-    async def _apply(self, tx: Tx, res: CheckResult) -> None:
+    async def _apply(self, tx: Tx, res: CheckResult, span: Span | None = None) -> None:
         if tx.state is not TxState.PREPARED:
             return  # ended (or parked by hand) while the check was out
         if res.status in (CheckStatus.COMMIT, CheckStatus.ROLLBACK):
             decision = Decision.COMMIT if res.status is CheckStatus.COMMIT else Decision.ROLLBACK
             try:
-                await self._coord.end(tx.tx_id, decision, Resolver.CHECK, res.reason)
+                with spans.resolving(self._coord, tx, decision.value, span):
+                    await self._coord.end(tx.tx_id, decision, Resolver.CHECK, res.reason)
             except TransactionConflict as e:
                 log.warning("check of %s answered %s, but: %s", tx.tx_id, res.status.value, e)
             except TxbError:
@@ -239,8 +274,9 @@ class BackChecker:
         self._coord.snapshot.mark()
         self.schedule(tx)
 
-    def _record(self, res: CheckResult) -> None:
+    def _record(self, tx: Tx, res: CheckResult) -> None:
         key = res.status.value if res.outcome is CheckOutcome.ANSWERED else res.outcome.value
+        tx.history.append(CheckRecord(_now_ms(), key, res.reason, res.seconds))
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         self.latency_sum += res.seconds
         for i, bound in enumerate(BUCKETS):

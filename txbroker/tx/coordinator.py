@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from txbroker.errors import (
+    NotFound,
     StoreFailed,
     TooManyTransactions,
     TransactionConflict,
@@ -125,9 +126,12 @@ class TxCoordinator:
         self._on_visible = on_visible
         self.open: dict[str, Tx] = {}  # prepared and parked
         self._recent: OrderedDict[str, Tx] = OrderedDict()  # ended, newest last
-        self.snapshot = Snapshot(self._path, lambda: encode_state(self._store, self.open))
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
+        # Since the data directory was created: kept in tx.json, so a restart goes on counting.
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
+        self.snapshot = Snapshot(
+            self._path, lambda: encode_state(self._store, self.open, self.counters)
+        )
         self._cached_bytes = 0
         admission = Admission(
             settings.secrets, settings.default_secret, settings.timeout_ms, settings.max_timeout_ms
@@ -231,6 +235,7 @@ class TxCoordinator:
 
     def _prepared(self, tx: Tx) -> None:
         self.counters["prepared"] += 1
+        self.snapshot.mark()  # the counter
         self.on_prepared(tx)
 
     def _once_durable(
@@ -354,6 +359,12 @@ class TxCoordinator:
         end_key = f"txend:{tx.tx_id}"
         if decision is Decision.COMMIT:
             assert tx.half is not None
+            if self._store.is_dead_at(tx.topic, tx.half_phys):
+                # Deleting a topic rolls back its open transactions; this is the moment between.
+                raise NotFound(
+                    f"topic {tx.topic!r} was deleted after transaction {tx.tx_id} was prepared: "
+                    "its message cannot be committed (roll the transaction back)"
+                )
             return self._append_copy(tx.tx_id, tx.half, by, end_key)
         op = {
             PROP_TX: tx.tx_id,
@@ -422,6 +433,10 @@ class TxCoordinator:
 
     # --- queries ---
 
+    def find(self, tx_id: str) -> Tx | None:
+        """An open or recently ended transaction; None if not in memory."""
+        return self.open.get(tx_id) or self._recent.get(tx_id)
+
     def get(self, tx_id: str) -> Tx:
         tx = self.open.get(tx_id) or self._recent.get(tx_id)
         if tx is None:
@@ -444,17 +459,19 @@ class TxCoordinator:
 
     async def recover(self) -> None:
         """Rebuild the open transactions (see ``txbroker.tx.recovery``)."""
-        recovered, finished = await recover_open(
-            self._store, self._publishing, self._path, self._append_copy
-        )
-        self.open.update(recovered)
+        got = await recover_open(self._store, self._publishing, self._path, self._append_copy)
+        self.open.update(got.open)
+        self.counters.update({k: v for k, v in got.counters.items() if k in self.counters})
         durable = self._store.durable()
         if durable is not None:
             await durable
-        if finished:
-            log.warning("recovery made %d interrupted commits visible", finished)
+        if got.finished:
+            log.warning("recovery made %d interrupted commits visible", got.finished)
         self.snapshot.mark()
-        log.info("transactions: %d open after recovery", len(self.open))
+        log.info(
+            "transactions: %d open after recovery (%d half and %d op records read in %.2f s)",
+            *(len(self.open), got.halves_read, got.ops_read, got.seconds),
+        )
 
 
 def tx_info(tx: Tx) -> TxInfo:

@@ -7,14 +7,20 @@ resume op records say, with the back-check counts saved in ``meta/tx.json``.
 
 The same file holds two low-water marks: the oldest unresolved half record, and the ``%TXOP``
 end offset when it was prepared. Recovery reads from those, so restart cost follows the
-unresolved window, not history. This is separate from the coordinator because it runs once, at
-start, reading back what the PREPARE/END_TX paths wrote; none of it is on those paths.
+unresolved window, not history; ``txbroker.tx.reput`` keeps that window short by copying old
+open halves forward. A transaction may so have two half records (a crash came between the copy
+and the next state file): the later one wins, and it carries the state its earlier op records
+described. The file also keeps the transaction counters across restarts. This is separate from
+the coordinator because it runs once, at start, reading back what the PREPARE/END_TX paths
+wrote; none of it is on those paths.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeAlias
 
@@ -28,11 +34,16 @@ from txbroker.tx.state import (
     OP_TOPIC,
     PROP_BY,
     PROP_CHECK_URL,
+    PROP_CHECKS,
+    PROP_CREATED,
     PROP_DELIVER_AT,
     PROP_GROUP,
+    PROP_NEXT_CHECK,
     PROP_OP,
     PROP_OP_MARK,
     PROP_REASON,
+    PROP_REPUT,
+    PROP_STATE,
     PROP_TARGET_QUEUE,
     PROP_TARGET_TOPIC,
     PROP_TIMEOUT,
@@ -43,7 +54,14 @@ from txbroker.tx.state import (
     TxState,
 )
 
-__all__ = ["STATE_FILE", "AppendCopy", "encode_state", "recover_open", "tx_from_half"]
+__all__ = [
+    "STATE_FILE",
+    "AppendCopy",
+    "Recovered",
+    "encode_state",
+    "recover_open",
+    "tx_from_half",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +76,33 @@ AppendCopy: TypeAlias = Callable[
 ]
 
 
+# A file written before ``half_hi`` existed: its counts are newer than any half in the log.
+_NO_HALF_HI: Final = 1 << 62
+
+
 class _Saved(msgspec.Struct):
     half_low: int = 0
     op_low: int = 0
     checks: dict[str, tuple[int, int, str]] = msgspec.field(default_factory=dict)
+    # The end of %HALF when the file was taken: ``checks`` is newer than every half before it
+    # and older than every copy after it (a copy carries its own counts).
+    half_hi: int = _NO_HALF_HI
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-def encode_state(store: MessageStore, open_txs: Mapping[str, Tx]) -> bytes:
+@dataclass(slots=True)
+class Recovered:
+    open: dict[str, Tx]  # prepared and parked, oldest half first
+    finished: int  # commits an earlier version recorded, made visible now
+    counters: dict[str, int]  # the coordinator's counters as last saved
+    halves_read: int = 0  # %HALF records read: what a restart costs
+    ops_read: int = 0  # %TXOP records read
+    seconds: float = 0.0
+
+
+def encode_state(
+    store: MessageStore, open_txs: Mapping[str, Tx], counters: Mapping[str, int]
+) -> bytes:
     """The state file's content for the transactions open now."""
     half_hi = store.queue_range(HALF_TOPIC, 0)[1]
     op_hi = store.queue_range(OP_TOPIC, 0)[1]
@@ -72,28 +110,34 @@ def encode_state(store: MessageStore, open_txs: Mapping[str, Tx]) -> bytes:
         half_low=min((t.half_offset for t in open_txs.values()), default=half_hi),
         op_low=min((t.op_mark for t in open_txs.values()), default=op_hi),
         checks={t.tx_id: (t.checks, t.next_check_ms, t.last_reason) for t in open_txs.values()},
+        half_hi=half_hi,
+        counters=dict(counters),
     )
     return msgspec.json.encode(saved)
 
 
 async def recover_open(
     store: MessageStore, publishing: Publishing, path: Path, append_copy: AppendCopy
-) -> tuple[dict[str, Tx], int]:
+) -> Recovered:
     """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
     marks (and complete commits recorded as op records by an earlier version, whose copies are
-    appended here but not waited for). Returns the open transactions and how many commits were
-    completed."""
+    appended here but not waited for)."""
+    started = time.perf_counter()
     publishing.ensure_system_topic(HALF_TOPIC, 1)
     publishing.ensure_system_topic(OP_TOPIC, 1)
     saved = _load(path)
     ops: dict[str, list[StoredMessage]] = {}
+    ops_read = halves_read = 0
     async for rec in _scan(store, OP_TOPIC, saved.op_low):
         tx_id = rec.properties.get(PROP_TX, "")
         ops.setdefault(tx_id, []).append(rec)
+        ops_read += 1
     open_txs: dict[str, Tx] = {}
     finished = 0
     async for half in _scan(store, HALF_TOPIC, saved.half_low):
+        halves_read += 1
         tx = tx_from_half(half)
+        open_txs.pop(tx.tx_id, None)  # a later copy of the same transaction wins
         history = ops.get(tx.tx_id, [])
         final = next(
             (o for o in history if o.properties.get(PROP_OP) in ("commit", "rollback")), None
@@ -116,7 +160,9 @@ async def recover_open(
                     finished += 1
             continue
         resumed = False
-        for o in history:  # park and resume, in order
+        for o in history:  # park and resume after this half record, in order
+            if o.queue_offset < tx.op_mark:
+                continue  # before a copy: the copy's own state already says what it did
             op = o.properties.get(PROP_OP)
             if op == "park":
                 tx.state = TxState.PARKED
@@ -125,14 +171,18 @@ async def recover_open(
             elif op == "resume":
                 tx.state, tx.checks = TxState.PREPARED, 0
                 resumed = True
-        count, next_ms, reason = saved.checks.get(tx.tx_id, (0, tx.next_check_ms, ""))
+        default = (tx.checks, tx.next_check_ms, tx.last_reason)
+        count, next_ms, reason = default
+        if PROP_REPUT not in half.properties or half.queue_offset < saved.half_hi:
+            count, next_ms, reason = saved.checks.get(tx.tx_id, default)  # newer than the half
         if tx.state is TxState.PARKED:
             tx.checks = count
         elif not resumed:  # counts saved before a resume belong to the earlier round
             tx.checks, tx.next_check_ms = count, next_ms
             tx.last_reason = reason or tx.last_reason
         open_txs[tx.tx_id] = tx
-    return open_txs, finished
+    took = time.perf_counter() - started
+    return Recovered(open_txs, finished, saved.counters, halves_read, ops_read, took)
 
 
 def _load(path: Path) -> _Saved:
@@ -148,8 +198,10 @@ async def _complete_commit(
     """Append the committed copy of a commit an earlier version recorded as an op record
     (under the key ``txc:<tx>``) unless it exists; return where it went (to notify)."""
     key = f"txc:{tx.tx_id}"
-    if await store.lookup(KeyKind.INTERNAL, key, limit=1):
-        return None
+    if await store.lookup(KeyKind.INTERNAL, key, limit=1) or store.is_dead_at(
+        tx.topic, tx.half_phys
+    ):
+        return None  # done already, or its topic was deleted since
     stored = await store.read(tx.half_phys)
     half = (stored.body, stored.properties, stored.born_timestamp_ms)
     return append_copy(tx.tx_id, half, by, key)
@@ -160,19 +212,21 @@ async def _scan(store: MessageStore, topic: str, start: int) -> AsyncIterator[St
     offset = max(start, lo)
     while offset < hi:
         got = await store.get_messages(topic, 0, offset, SCAN_BATCH)
-        if not got.messages:
-            break
-        for m in got.messages:
+        for m in got.messages:  # half messages of deleted topics are skipped by the store
             yield m
+        if got.next_offset <= offset:
+            break
         offset = got.next_offset
 
 
 def tx_from_half(m: StoredMessage) -> Tx:
-    """The open transaction a half record describes, as it was when prepared."""
+    """The open transaction a half record describes, as it was when prepared (or, for a copy
+    made by ``txbroker.tx.reput``, when copied)."""
     p = m.properties
     timeout = int(p[PROP_TIMEOUT])
     deliver_at = p.get(PROP_DELIVER_AT)
-    return Tx(
+    created = int(p.get(PROP_CREATED, m.store_timestamp_ms))
+    tx = Tx(
         p[PROP_TX],
         p[PROP_TARGET_TOPIC],
         int(p[PROP_TARGET_QUEUE]),
@@ -182,10 +236,15 @@ def tx_from_half(m: StoredMessage) -> Tx:
         m.keys[0] if m.keys else None,
         p.get(PROP_TRACEPARENT),
         timeout,
-        m.store_timestamp_ms,
+        created,
         m.physical_offset,
         m.queue_offset,
         int(p.get(PROP_OP_MARK, "0")),
-        next_check_ms=m.store_timestamp_ms + timeout,
+        next_check_ms=int(p.get(PROP_NEXT_CHECK, created + timeout)),
         deliver_at_ms=int(deliver_at) if deliver_at else None,
     )
+    if PROP_REPUT in p:
+        tx.state = TxState(p.get(PROP_STATE, TxState.PREPARED.value))
+        tx.checks = int(p.get(PROP_CHECKS, "0"))
+        tx.last_reason = p.get(PROP_REASON, "")
+    return tx

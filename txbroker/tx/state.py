@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from txbroker.errors import TransactionConflict
+from txbroker.store import record as store_record
 
 __all__ = [
+    "CHECK_HISTORY_MAX",
     "HALF_TOPIC",
     "OP_TOPIC",
+    "CheckRecord",
     "Decision",
     "Resolver",
     "Tx",
@@ -35,7 +39,8 @@ OP_TOPIC: Final = "%TXOP"  # one op record per decision, park and resume
 
 # Properties of a half record (beside the message's own: id, keys, tags, headers).
 PROP_TX: Final = "tx"  # transaction id (also kept on the committed message)
-PROP_TARGET_TOPIC: Final = "tt"
+# The store's name for it: a half message belongs to its target topic (and dies with it).
+PROP_TARGET_TOPIC: Final = store_record.PROP_TARGET_TOPIC
 PROP_TARGET_QUEUE: Final = "tq"
 PROP_GROUP: Final = "pg"  # producer group: picks the check-back secret
 PROP_CHECK_URL: Final = "cu"
@@ -43,11 +48,18 @@ PROP_TRACEPARENT: Final = "tp"
 PROP_TIMEOUT: Final = "to"  # ms after PREPARE before the first back-check
 PROP_DELIVER_AT: Final = "da"  # delayed transactional message: deliver at (ms)
 PROP_OP_MARK: Final = "om"  # %TXOP end offset when prepared: where recovery reads ops from
+# Only on a half record copied forward (reput.py): the transaction as it was when copied, since
+# its earlier op records (a park) may be deleted with the segments the copy outlives.
+PROP_REPUT: Final = "rp"  # how many times this half was copied forward (1, 2, ...)
+PROP_CREATED: Final = "cm"  # store time of the first half record (the PREPARE), ms
+PROP_STATE: Final = "ts"  # prepared | parked
+PROP_CHECKS: Final = "ck"  # counted back-checks
+PROP_NEXT_CHECK: Final = "nc"  # when the next back-check is due, ms
 # Properties of an op record.
 PROP_OP: Final = "op"  # commit | rollback | park | resume
 PROP_HALF_PHYS: Final = "hp"  # physical offset of the half record
 PROP_BY: Final = "by"  # producer | check | operator
-PROP_REASON: Final = "why"
+PROP_REASON: Final = "why"  # also on a copied half: its last reason (a parked one's why)
 
 # Properties that describe the transaction, not the message: stripped when it is committed.
 HALF_ONLY: Final = frozenset(
@@ -59,6 +71,12 @@ HALF_ONLY: Final = frozenset(
         PROP_TIMEOUT,
         PROP_DELIVER_AT,
         PROP_OP_MARK,
+        PROP_REPUT,
+        PROP_CREATED,
+        PROP_STATE,
+        PROP_CHECKS,
+        PROP_NEXT_CHECK,
+        PROP_REASON,
     }
 )
 
@@ -83,6 +101,23 @@ class Resolver(enum.StrEnum):
     PRODUCER = "producer"
     CHECK = "check"
     OPERATOR = "operator"
+
+
+# Back-checks remembered per transaction, newest kept: the default parks after 15 counted checks,
+# so this holds a parked transaction's whole history while bounding memory for 1M open ones
+# (most never need a check and hold none).
+CHECK_HISTORY_MAX: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRecord:
+    """One back-check as the console's timeline shows it: in memory only (since the broker
+    started); parking, resuming and the decision are in the log."""
+
+    at_ms: int  # when the answer (or the failure) came
+    outcome: str  # commit | rollback | unknown, or how it failed: unreachable, timeout, ...
+    reason: str
+    seconds: float
 
 
 _ALLOWED: Final[dict[TxState, frozenset[TxState]]] = {
@@ -121,6 +156,9 @@ class Tx:
     half: tuple[bytes, dict[str, str], int] | None = field(default=None, repr=False)
     # While a PREPARE or a resolution is being written: what a concurrent request waits for.
     pending: asyncio.Future[Any] | None = field(default=None, repr=False)
+    history: deque[CheckRecord] = field(
+        default_factory=lambda: deque(maxlen=CHECK_HISTORY_MAX), repr=False
+    )
 
     @property
     def ended(self) -> bool:

@@ -1,0 +1,138 @@
+"""One broken service does not delay another's recovery: with 10,000 half messages whose
+check-back endpoint accepts connections and never answers, a healthy service's transaction is
+checked within 1 s of when it is checked with no such neighbour. The hanging endpoint's breaker
+opens and shows in the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.tx.conftest import GROUP, CheckServer, tx_broker
+from txbroker_checkback import CheckStatus
+from txbroker_sdk import Client
+
+HALVES = 10_000
+TIMEOUT_MS = 200  # the first back-check this long after PREPARE
+BASE = f"""
+tx_timeout_ms = {TIMEOUT_MS}
+check_backoff_base_ms = 60000
+"""  # and the default check timeout, 3 s: a hanging check holds its lane that long
+# Fairness alone: the breaker never opens, so the hanging endpoint keeps its lanes busy.
+NO_BREAKER = BASE + "check_breaker_failures = 1000000\n"
+BREAKER = BASE + "check_breaker_failures = 3\ncheck_breaker_base_ms = 60000\n"
+
+
+@asynccontextmanager
+async def hanging_endpoint() -> AsyncIterator[tuple[str, list[float], asyncio.Event]]:
+    """An HTTP port that accepts every connection, reads, and never answers."""
+    accepted: list[float] = []
+    first_closed = asyncio.Event()  # the broker gave up on a check: lanes are busy for real
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(time.monotonic())
+        writers.append(writer)
+        while await reader.read(65536):
+            pass
+        first_closed.set()
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/check", accepted, first_closed
+    finally:
+        server.close()
+        for w in writers:
+            w.close()
+        await server.wait_closed()
+
+
+async def checked_after(c: Client, checks: CheckServer) -> float:
+    """Seconds from a PREPARE to its first back-check reaching the healthy service."""
+    t0 = time.monotonic()
+    tx = await c.prepare(
+        "orders", b"healthy", producer_group=GROUP, check_url=checks.url, timeout_ms=TIMEOUT_MS
+    )
+    checks.answers[tx.tx_id] = CheckStatus.COMMIT
+    deadline = t0 + 30  # far beyond the goal: a failure shows as a number, not a hang
+    while not checks.checks_for(tx.tx_id):
+        assert time.monotonic() < deadline, "the healthy service was never checked"
+        await asyncio.sleep(0.01)  # polling what the service saw: the condition under test
+    return time.monotonic() - t0
+
+
+async def prepare_many(c: Client, url: str, n: int) -> None:
+    sem = asyncio.Semaphore(256)
+
+    async def prepare() -> None:
+        async with sem:
+            await c.prepare("orders", b"x", producer_group=GROUP, check_url=url, timeout_ms=100)
+
+    await asyncio.gather(*(prepare() for _ in range(n)))
+
+
+@pytest.mark.slow
+async def test_a_hanging_endpoint_does_not_delay_a_healthy_ones_check(
+    tmp_path: Path, checks: CheckServer
+) -> None:
+    b = tx_broker(tmp_path / "fair", settings=NO_BREAKER).start()
+    try:
+        async with (
+            hanging_endpoint() as (sick, accepted, gave_up),
+            await Client.connect(b.url) as c,
+        ):
+            await c.create_topic("orders", queues=4)
+            alone = await checked_after(c, checks)
+            await prepare_many(c, sick, HALVES)
+            async with asyncio.timeout(30):
+                await gave_up.wait()  # 3 s of hanging checks: a backlog
+            beside = await checked_after(c, checks)
+            connections = len(accepted)
+    finally:
+        b.stop()
+    print(f"checked after {alone:.3f} s alone, {beside:.3f} s beside {HALVES} hanging halves")
+    assert beside - alone < 1.0, (alone, beside)
+    # The hanging endpoint holds its own lanes (8 by default), never the broker's 64.
+    assert 8 <= connections <= 16, connections
+
+
+async def test_an_endpoint_that_keeps_timing_out_is_backed_off(
+    tmp_path: Path, checks: CheckServer
+) -> None:
+    b = tx_broker(tmp_path / "breaker", settings=BREAKER).start()
+    try:
+        async with (
+            hanging_endpoint() as (sick, accepted, _),
+            await Client.connect(b.url) as c,
+            httpx.AsyncClient(base_url=b.http) as h,
+        ):
+            await c.create_topic("orders", queues=1)
+            await prepare_many(c, sick, 200)
+            deadline = time.monotonic() + 30
+            while True:
+                endpoints = (await h.get("/v1/checks/endpoints")).json()["endpoints"]
+                (sick_info,) = [e for e in endpoints if sick.startswith(e["endpoint"])] or [None]
+                if sick_info is not None and sick_info["breaker"] == "open":
+                    break
+                assert time.monotonic() < deadline, f"the breaker never opened: {endpoints}"
+                await asyncio.sleep(0.05)  # polling the broker's state: the condition under test
+            # Open for a minute: a healthy endpoint is still checked at once meanwhile.
+            assert await checked_after(c, checks) < 1.0
+            metrics = (await h.get("/metrics")).text
+            connections = len(accepted)
+    finally:
+        b.stop()
+    assert sick_info["failures"] >= 3 and sick_info["opened"] == 1
+    assert 50_000 < sick_info["retry_in_ms"] <= 60_000
+    assert sick_info["queued"] + sick_info["inflight"] >= 200 - 8
+    # The first lanes' worth and one per timeout before the third, then nothing while open.
+    assert connections <= 8 + 2, connections
+    assert re.search(r"^txbroker_tx_check_endpoints_open(\{[^}]*\})? 1\.0$", metrics, re.M), metrics

@@ -1,0 +1,76 @@
+"""What one scenario of the campaign found, and the table of all of them.
+
+A scenario is **clean** when it lost no acknowledged message, applied no effect twice and found
+no anomaly; the campaign exits 0 only when every scenario it ran is clean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Figures", "print_table", "table"]
+
+
+@dataclass
+class Figures:
+    """One scenario's row. ``acknowledged``: plain sends the broker acknowledged, transactions
+    the orders service committed and outbox rows it committed with them (each one must be
+    applied once by the billing service). ``lost``: of those, never applied. ``duplicated``:
+    effects applied more than once (extra rows in ``chaos_effects``). ``anomalies``: the
+    campaign's own checks (a transaction applied against its local decision, a returned order
+    not committed, a transaction or outbox row never settled) plus, when Spark ran, the
+    reconciliation's anomaly count. ``reconciled``: "clean", "N anomalies", or why not run."""
+
+    scenario: str
+    rounds: int = 0
+    faults: int = 0
+    acknowledged: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    anomalies: int = 0
+    seconds: float = 0.0
+    reconciled: str = "not run"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0 and self.anomalies == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "clean": self.clean}
+
+
+def table(rows: list[Figures], title: str = "fault campaign") -> Table:
+    t = Table(title=title)
+    for name in ("scenario", "rounds", "faults", "acknowledged", "lost", "duplicated"):
+        t.add_column(name, justify="left" if name == "scenario" else "right")
+    t.add_column("anomalies", justify="right")
+    t.add_column("Spark", justify="left")
+    t.add_column("s", justify="right")
+    for r in rows:
+        style = None if r.clean else "red"
+        t.add_row(
+            r.scenario,
+            str(r.rounds),
+            str(r.faults),
+            f"{r.acknowledged:,}",
+            str(r.lost),
+            str(r.duplicated),
+            str(r.anomalies),
+            r.reconciled,
+            f"{r.seconds:.0f}",
+            style=style,
+        )
+    return t
+
+
+def print_table(rows: list[Figures], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(table(rows))
+    for r in rows:
+        for note in r.notes:
+            console.print(f"[dim]{r.scenario}:[/] {note}")

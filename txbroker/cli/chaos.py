@@ -1,0 +1,116 @@
+"""`txbroker chaos`: the fault campaign, a table of figures at the end.
+
+Exit code: 0 when every scenario lost nothing acknowledged, applied nothing twice and found no
+anomaly; 1 otherwise (its files are kept and named); 2 when it could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from txbroker.cli.common import Subparsers, positive, run
+from txbroker.errors import InvalidArgument
+
+__all__ = ["register"]
+
+
+def register(sub: Subparsers) -> None:
+    from txbroker.chaos import SCENARIOS, Sizes
+
+    d = Sizes()
+    listing = "; ".join(f"{s.name}: {s.help}" for s in SCENARIOS.values())
+    p = sub.add_parser(
+        "chaos",
+        help="the fault campaign: kill, stop, cut and fill under load; lost and duplicated",
+        description=(
+            "Start a broker and two services (SQLite databases unless the scenario brings its "
+            "own), put them under load, inject faults round after round, then check that no "
+            "acknowledged message was lost, no effect applied twice and every transaction is as "
+            "its local decision says, with the Spark reconciliation when PySpark is installed. "
+            f"Loopback only. Scenarios: {listing}."
+        ),
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(SCENARIOS),
+        help="run this scenario (repeat for several; default: all, in order)",
+    )
+    p.add_argument("--rounds", type=positive, default=d.rounds, help="faults per scenario")
+    p.add_argument("--load", type=positive, default=d.load, help="plain sends per round")
+    p.add_argument(
+        "--round-timeout",
+        type=float,
+        default=d.round_timeout_s,
+        help="seconds a round may take to make progress before the scenario ends",
+    )
+    p.add_argument(
+        "--max-seconds", type=float, default=d.max_s, help="seconds per scenario at most"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=d.settle_s,
+        help="seconds for everything to settle after the rounds, before the checks",
+    )
+    p.add_argument(
+        "--disk",
+        choices=["auto", "tmpfs", "rlimit"],
+        default="auto",
+        help="disk-full: a small tmpfs (root), RLIMIT_FSIZE on the broker, or auto (tmpfs when "
+        "it can be mounted)",
+    )
+    p.add_argument(
+        "--reconcile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the Spark reconciliation after each scenario (auto: when PySpark is there)",
+    )
+    p.add_argument("--seed", type=int, help="the random seed (printed with the figures)")
+    p.add_argument("--data-dir", help="where the scenarios' folders go (default: $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the folders of clean scenarios too")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_chaos)
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from txbroker.chaos import CampaignOptions, Figures, Sizes, print_table, run_campaign
+
+    # The clients' reconnect warnings are what the faults are for: only errors are news.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    if args.round_timeout <= 0 or args.max_seconds <= 0 or args.settle <= 0:
+        raise InvalidArgument("--round-timeout, --max-seconds and --settle must be positive")
+    err = Console(stderr=True)
+
+    def done(f: Figures) -> None:
+        if not args.json:
+            verdict = "clean" if f.clean else "[red]NOT CLEAN[/]"
+            err.log(f"{f.scenario}: {f.rounds} rounds, {f.faults} faults, {verdict}")
+
+    opts = CampaignOptions(
+        scenarios=tuple(args.scenario or ()) or CampaignOptions().scenarios,
+        sizes=Sizes(
+            args.rounds, args.load, args.round_timeout, args.max_seconds, args.settle, args.disk
+        ),
+        root=Path(args.data_dir) if args.data_dir else None,
+        keep=args.keep,
+        reconcile={"auto": None, "on": True, "off": False}[args.reconcile],
+        seed=args.seed,
+        on_done=done,
+    )
+    try:
+        rows = run(run_campaign(opts))
+    except RuntimeError as e:
+        err.print(f"[red]cannot run:[/] {e}")
+        return 2
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print_table(rows, Console(width=None if sys.stdout.isatty() else 160))
+    return 0 if all(r.clean for r in rows) else 1
