@@ -27,6 +27,9 @@ The tree, with the behaviour each category carries as class attributes::
     │   ├── HandshakeTimeout      no HELLO within the deadline, or pushed out by newer ones
     │   ├── IdleTimeout           an authenticated connection sent nothing for too long
     │   └── RateLimited           more frames a second than the broker allows one connection
+    ├── CoordinationError         the coordination store (etcd) failed or refused a request
+    │   ├── CoordinatorUnavailable  no endpoint answered within the deadline (retriable)
+    │   └── LeaseExpired          the lease is gone (expired or revoked); its keys with it
     └── StoreError                the store itself is in trouble
         ├── StoreClosed           the store was closed; reopen it
         ├── StoreFailed           an append failed: refused before writing, or the store failed
@@ -43,6 +46,8 @@ from typing import ClassVar
 __all__ = [
     "BadRequest",
     "ConnectionLimit",
+    "CoordinationError",
+    "CoordinatorUnavailable",
     "CorruptLog",
     "Forbidden",
     "FrameTooLarge",
@@ -52,6 +57,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidName",
     "InvalidOffset",
+    "LeaseExpired",
     "MessageTooLarge",
     "NotFound",
     "ProtocolError",
@@ -174,6 +180,28 @@ class IdleTimeout(ConnectionLimit):
 
 class RateLimited(ConnectionLimit):
     code = "RATE_LIMITED"
+
+
+class CoordinationError(TxbError):
+    """The coordination store (etcd, docs/cluster.md) failed a request or answered with an error
+    txbroker does not expect; the message names the endpoint and the request."""
+
+    code = "COORDINATION_ERROR"
+
+
+class CoordinatorUnavailable(CoordinationError):
+    """No coordination endpoint answered within the deadline: none is running, it is
+    partitioned away, or it is stopped. Try again later (or another endpoint)."""
+
+    code = "COORDINATOR_UNAVAILABLE"
+    retriable = True
+
+
+class LeaseExpired(CoordinationError):
+    """The lease expired or was revoked, so every key put under it is deleted: a leadership or
+    registration that depended on it is lost and must be campaigned for again."""
+
+    code = "LEASE_EXPIRED"
 
 
 class StoreError(TxbError):

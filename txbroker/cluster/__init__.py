@@ -1,0 +1,1 @@
+"""Coordination of broker groups on etcd (docs/cluster.md)."""
