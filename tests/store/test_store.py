@@ -277,6 +277,34 @@ async def test_concurrent_appenders_share_fsyncs(open_store: OpenStore, mode: Fl
     assert total == 1600
 
 
+async def test_a_shared_durable_wait_covers_every_append_made_before_it_resolves(
+    open_store: OpenStore,
+) -> None:
+    """``durable_together`` hands one future to every append until a group commit starts: each
+    one's record must be on disk when it resolves, including the appends made after an idle
+    store started the first group at once (that group cannot cover them)."""
+    store = await open_store()
+    written: list[tuple[asyncio.Future[None], int]] = []
+    for round_ in range(3):
+        for i in range(20):
+            store.append_nowait(Message("t", f"{round_}:{i}".encode()))
+            fut = store.durable_together()
+            assert fut is not None
+            written.append((fut, store.write_offset))
+        await asyncio.sleep(0)  # a loop turn: the group started at the end of it
+    seen_at: dict[int, int] = {}
+
+    def resolved(end: int, f: asyncio.Future[None]) -> None:
+        seen_at[end] = store.flushed_offset
+
+    for fut, end in written:
+        fut.add_done_callback(lambda f, end=end: resolved(end, f))
+    await asyncio.wait([f for f, _ in written], timeout=10)
+    assert all(f.done() and f.exception() is None for f, _ in written)
+    assert all(seen_at[end] >= end for _, end in written), "acknowledged before durable"
+    assert len({id(f) for f, _ in written}) < len(written)  # shared, not one each
+
+
 async def test_async_mode_flushes_on_its_interval(open_store: OpenStore) -> None:
     store = await open_store(flush=FlushMode.ASYNC, flush_interval_ms=10)
     await store.append(Message("t", b"x"))

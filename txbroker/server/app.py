@@ -167,7 +167,7 @@ class BrokerServer:
         handlers = build_handlers(
             admin, self.topics, producer, self.consumer, retry, self.tx, deletion
         )
-        direct = build_direct_handlers(self.tx)
+        direct = build_direct_handlers(self.tx, producer)
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None

@@ -24,6 +24,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from txbroker.errors import (
@@ -43,14 +44,25 @@ from txbroker.server.access import Access
 from txbroker.server.admission import Admission
 from txbroker.server.tokens import Principal, TokenTable
 
-__all__ = ["Connection", "DirectHandler", "Handler"]
+__all__ = ["Connection", "Deferred", "DirectHandler", "Handler"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[Any]]
-# A direct handler returns the response body, a future of it, or None: "run the opcode's
-# Handler instead" (for the cases that must wait or read before answering).
+# A direct handler returns the response body, a future of it, a Deferred, or None: "run the
+# opcode's Handler instead" (for the cases that must wait or read before answering).
 DirectHandler = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An answer known now but sent only once ``when`` resolves (a send's group commit), or an
+    error frame if it fails. ``when`` is shared by many requests (``durable_together``): the
+    connection adds one callback per future, not per request, and never cancels it."""
+
+    when: asyncio.Future[None]
+    answer: Any
+
 
 # A client may pipeline this many requests before the server stops reading its socket: bounds
 # the memory one connection can pin (each request holds at most one 16 MiB frame).
@@ -91,6 +103,9 @@ class Connection(asyncio.Protocol):
         self.tokens = float("inf")  # frames this connection may still send (admission.py)
         self._tasks: set[asyncio.Task[None]] = set()
         self._answers: set[asyncio.Future[Any]] = set()  # direct handlers' pending answers
+        # Deferred answers by what they wait for, in arrival order; and how many there are.
+        self._deferred: dict[asyncio.Future[None], list[tuple[Frame, Any]]] = {}
+        self._deferred_n = 0
         self._reading_paused = False
         self._writing_paused = False
         self.closing = False
@@ -119,6 +134,8 @@ class Connection(asyncio.Protocol):
             t.cancel()  # long polls and the like: nobody is there to answer
         for a in self._answers:
             a.cancel()  # only the answer: what the request does is settled without it
+        self._deferred.clear()  # shared with other connections: dropped here, never cancelled
+        self._deferred_n = 0
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -188,6 +205,9 @@ class Connection(asyncio.Protocol):
             except Exception as e:
                 self._reply_failure(frame, e)
                 return
+            if type(answer) is Deferred:
+                self._defer(frame, answer)
+                return
             if isinstance(answer, asyncio.Future):
                 self._answers.add(answer)
                 answer.add_done_callback(functools.partial(self._answered, frame))
@@ -248,6 +268,33 @@ class Connection(asyncio.Protocol):
                 self._reply_failure(frame, e)
             else:
                 self._answer(frame, answer.result())
+        self._update_reading()
+
+    def _defer(self, frame: Frame, d: Deferred) -> None:
+        waiting = self._deferred.get(d.when)
+        if waiting is None:
+            waiting = self._deferred[d.when] = []
+            d.when.add_done_callback(self._release)
+        waiting.append((frame, d.answer))
+        self._deferred_n += 1
+        if self._deferred_n >= MAX_INFLIGHT_PER_CONNECTION:
+            self._update_reading()
+
+    def _release(self, when: asyncio.Future[None]) -> None:
+        """``when`` resolved: send the answers that waited for it (or its error for each)."""
+        waiting = self._deferred.pop(when, None)
+        if waiting is None:  # the connection was lost meanwhile
+            return
+        self._deferred_n -= len(waiting)
+        if when.cancelled():  # nobody cancels it; if someone did, say so, never answer "ok"
+            e: BaseException | None = Internal("the wait for the group commit was cancelled")
+        else:
+            e = when.exception()
+        for frame, answer in waiting:
+            if e is None:
+                self._answer(frame, answer)
+            else:
+                self._reply_failure(frame, e)
         self._update_reading()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -324,7 +371,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def inflight(self) -> int:
-        return len(self._tasks) + len(self._answers)
+        return len(self._tasks) + len(self._answers) + self._deferred_n
 
     def _update_reading(self) -> None:
         if self.closing or self._transport is None or self._transport.is_closing():
@@ -345,7 +392,7 @@ class Connection(asyncio.Protocol):
 
     async def drain_requests(self) -> None:
         """Wait for this connection's in-flight requests (graceful shutdown)."""
-        pending: set[asyncio.Future[Any]] = {*self._tasks, *self._answers}
+        pending: set[asyncio.Future[Any]] = {*self._tasks, *self._answers, *self._deferred}
         if pending:
             await asyncio.wait(pending)
 

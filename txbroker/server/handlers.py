@@ -40,7 +40,7 @@ from txbroker.protocol.messages import (
 )
 from txbroker.runtime.tracing import tracing_on
 from txbroker.server.admin import Admin
-from txbroker.server.connection import DirectHandler, Handler
+from txbroker.server.connection import Deferred, DirectHandler, Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.deletion import TopicDeletion
 from txbroker.server.producer import Producer
@@ -165,14 +165,24 @@ def build_handlers(
     return handlers
 
 
-def build_direct_handlers(tx: TxCoordinator) -> dict[int, DirectHandler]:
-    """The task-free fronts of the hot transactional requests (see ``connection.py``); each
-    returns None where the handler above must answer."""
+def build_direct_handlers(tx: TxCoordinator, producer: Producer) -> dict[int, DirectHandler]:
+    """The task-free fronts of the hot requests (see ``connection.py``): single sends and the
+    transactional ones; each returns None where the handler above must answer."""
+
+    def send(req: SendRequest) -> object:
+        if req.idempotency_key is not None:
+            return None  # deduplication reads the key index: the task handler's
+        receipt, durable = producer.send_nowait(req)
+        return receipt if durable is None else Deferred(durable, receipt)
 
     def tx_end(req: TxEndRequest) -> object:
         return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
-    direct: dict[int, DirectHandler] = {Opcode.TX_PREPARE: tx.prepare_nowait, Opcode.TX_END: tx_end}
+    direct: dict[int, DirectHandler] = {
+        Opcode.SEND: send,
+        Opcode.TX_PREPARE: tx.prepare_nowait,
+        Opcode.TX_END: tx_end,
+    }
     if tracing_on():
         spans.trace_handlers(direct, tx, direct=True)
     return direct

@@ -69,6 +69,8 @@ class Producer:
         self._window_ms = dedup_window_ms
         self._rr = itertools.count()
         self._inflight: dict[str, asyncio.Future[SendReceipt]] = {}
+        # The queues each pending group commit makes readable (send_nowait): woken together.
+        self._woken_by: dict[asyncio.Future[None], set[tuple[str, int]]] = {}
 
     def to_message(self, req: SendRequest) -> Message:
         validate_topic(req.topic, allow_system=False)  # internal topics are the broker's own
@@ -202,15 +204,50 @@ class Producer:
             for k in keys:
                 del self._inflight[k]
 
+    def send_nowait(self, req: SendRequest) -> tuple[SendReceipt, asyncio.Future[None] | None]:
+        """Append a send without an idempotency key now; return its receipt and what the
+        answer must wait for: the group commit that makes it durable (shared with every append
+        until that commit starts), or None in async flush mode. Queues are woken once it is
+        durable. The task-free front of :meth:`send` (``handlers.py``): no coroutine, task or
+        future per message, which is most of what a single send cost the broker."""
+        assert req.idempotency_key is None, "deduplicated sends need send()"
+        msg = self._stored_form(req)
+        res = self._store.append_nowait(msg)
+        receipt = self._receipt(msg, res)
+        durable = self._store.durable_together()
+        if durable is None:
+            self._wake(res.topic, res.queue_id)
+            return receipt, None
+        woken = self._woken_by.get(durable)
+        if woken is None:
+            woken = self._woken_by[durable] = set()
+            durable.add_done_callback(self._wake_all)
+        woken.add((res.topic, res.queue_id))
+        return receipt, durable
+
+    def _wake_all(self, durable: asyncio.Future[None]) -> None:
+        woken = self._woken_by.pop(durable)
+        if not durable.cancelled() and durable.exception() is None:
+            for topic, qid in woken:
+                self._wake(topic, qid)
+
     def _after_append(self, msg: Message, res: AppendResult) -> SendReceipt:
         """Wake whoever waits for this queue (the append is acknowledged, so readable: durable
         in sync mode) and make the producer's receipt."""
-        if res.topic == SCHEDULE_TOPIC:
+        self._wake(res.topic, res.queue_id)
+        return self._receipt(msg, res)
+
+    def _wake(self, topic: str, qid: int) -> None:
+        if topic == SCHEDULE_TOPIC:
             assert self._scheduler is not None
-            self._scheduler.notify(res.queue_id)
+            self._scheduler.notify(qid)
+        elif self._notifier is not None:
+            self._notifier.notify(topic, qid)
+
+    @staticmethod
+    def _receipt(msg: Message, res: AppendResult) -> SendReceipt:
+        if res.topic == SCHEDULE_TOPIC:
             return _scheduled_receipt(res.message_id, msg.properties)
-        if self._notifier is not None:
-            self._notifier.notify(res.topic, res.queue_id)
         return SendReceipt(res.message_id, res.topic, res.queue_id, res.queue_offset)
 
     async def _find_stored(self, ik: str) -> StoredMessage | None:

@@ -54,6 +54,7 @@ class GroupCommitter:
         self._log = commitlog
         self.flushed = commitlog.write_pos  # every byte before this is durable
         self._waiters: list[asyncio.Future[None]] = []
+        self._shared: asyncio.Future[None] | None = None  # durable_together()'s, until a start
         self._groups: collections.deque[_Group] = collections.deque()
         self._scheduled = False
         self._seq = 0
@@ -90,9 +91,26 @@ class GroupCommitter:
     def wait_durable(self) -> asyncio.Future[None]:
         """A future resolved once an fdatasync covers everything appended so far."""
         fut: asyncio.Future[None] = self._loop.create_future()
+        self._wait(fut)
+        return fut
+
+    def durable_together(self) -> asyncio.Future[None]:
+        """Like :meth:`wait_durable`, but one future for every caller until the next group
+        starts: the hot paths add a callback to it instead of making a future each (a send's
+        answer waits on it). Never await it from a task that may be cancelled, nor cancel it:
+        the other callers share it."""
+        fut = self._shared
+        if fut is None or fut.done():
+            fut = self._shared = self._loop.create_future()
+            # Shared from before it waits: if waiting starts a group at once, that start takes
+            # it (and forgets it), so no later append can ride on a group that began before it.
+            self._wait(fut)
+        return fut
+
+    def _wait(self, fut: asyncio.Future[None]) -> None:
         if self.failure is not None:
             fut.set_exception(self.failure)
-            return fut
+            return
         self._waiters.append(fut)
         if not self._groups:
             self._start()  # idle: sync at once, latency matters more than batching here
@@ -101,7 +119,6 @@ class GroupCommitter:
             # this turn (the tasks the last fsync woke) shares it.
             self._scheduled = True
             self._loop.call_soon(self._start)
-        return fut
 
     def request_flush(self) -> None:
         """Flush what is written without anyone waiting (async mode's interval flush)."""
@@ -119,6 +136,7 @@ class GroupCommitter:
             return
         target = self._log.write_pos
         waiters, self._waiters = self._waiters, []
+        self._shared = None  # taken with the waiters: later appends need the next group
         if target <= self._requested:
             # Nothing new since the newest group: these waiters ride on it (or on nothing).
             if self._groups:
@@ -215,6 +233,7 @@ class GroupCommitter:
             pending.extend(g.waiters)
         self._groups.clear()
         self._waiters = []
+        self._shared = None
         for w in pending:
             if not w.done():
                 w.set_exception(self.failure)

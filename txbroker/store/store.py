@@ -381,6 +381,14 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
         assert self._committer is not None
         return self._committer.wait_durable()
 
+    def durable_together(self) -> asyncio.Future[None] | None:
+        """:meth:`durable`, one future shared by every caller until the next group commit
+        starts (``GroupCommitter.durable_together``): add callbacks to it, never cancel it."""
+        if not self._sync:
+            return None
+        assert self._committer is not None
+        return self._committer.durable_together()
+
     async def append(self, msg: Message) -> AppendResult:
         res = self.append_nowait(msg)
         if self._sync:
