@@ -35,6 +35,7 @@ _EMPTY = {
 
 
 _LOG_COLUMNS = (
+    "broker_group",
     "segment",
     "position",
     "topic",
@@ -58,8 +59,13 @@ def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
     def kept(name: str, keys: list[str]) -> DataFrame:
         df = state.table(spark, name)
         if df is None:
-            schema = SPARK_SCHEMA if name == "log" else _EMPTY[name]
-            return spark.createDataFrame([], schema)
+            if name == "log":
+                return spark.createDataFrame([], SPARK_SCHEMA).withColumn("broker_group", F.lit(""))
+            return spark.createDataFrame([], _EMPTY[name])
+        if name == "log":
+            # A state kept before logs had broker groups holds one broker's log: group "".
+            group = F.col("broker_group") if "broker_group" in df.columns else F.lit(None)
+            df = df.withColumn("broker_group", F.coalesce(group, F.lit("")))
         if state.runs(name) == 1:
             return df.drop("run")  # one read: nothing was read twice
         if name == "log":
@@ -69,7 +75,7 @@ def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
         return latest(df, keys) if name == "outbox" else df.drop("run").dropDuplicates(keys)
 
     # Only the columns a check reads are kept in memory (the rest stay in Parquet).
-    log = kept("log", ["position"]).select(*_LOG_COLUMNS).persist()
+    log = kept("log", ["broker_group", "position"]).select(*_LOG_COLUMNS).persist()
     inbox = kept("inbox", ["service", "consumer_group", "message_id"]).persist()
     local_tx = kept("local_tx", ["service", "tx_id"]).persist()
     visible = log.where(F.col("corrupt").isNull() & is_user_topic(F.col("topic")))
@@ -100,6 +106,7 @@ def load_inputs(spark: SparkSession, state: State, opts: JobOptions) -> Inputs:
         processed=processed.persist(),
         tx_messages=tx_messages.persist(),
         committed_tx=committed.persist(),
+        several_groups=len(state.log_groups() | {s.group for s in opts.log_specs}) > 1,
     )
 
 
@@ -144,9 +151,25 @@ def analyze(
         i.visible.groupBy("topic").agg(F.count("*"), F.count("tx_id"), F.sum(outbox_sent)).collect()
     ):
         per_topic[r[0]], tx_topic[r[0]], ik_topic[r[0]] = r[1], r[2], r[3] or 0
-    corrupt = i.corrupt.orderBy("position").limit(max(opts.examples, 1)).collect()
-    corrupt_count = i.corrupt.count()
-    records = i.records.count()
+    corrupt = i.corrupt.orderBy("broker_group", "position").limit(max(opts.examples, 1)).collect()
+    corrupt_by_group = _counts(i.corrupt, "broker_group")
+    records_by_group = _counts(i.records, "broker_group")
+    messages_by_group = _counts(i.visible, "broker_group")
+    corrupt_count = sum(corrupt_by_group.values())
+    records = sum(records_by_group.values())
+    # Every group kept in the state, also one this run was not given (its records still count).
+    log_groups = {
+        group: {
+            "path": None,
+            "segments": 0,
+            "read_this_run": 0,
+            **extracted.log_groups.get(group, {}),
+            "records": records_by_group.get(group, 0),
+            "messages": messages_by_group.get(group, 0),
+            "corrupt": corrupt_by_group.get(group, 0),
+        }
+        for group in sorted({*extracted.log_groups, *records_by_group, *corrupt_by_group})
+    }
 
     topics = sorted(set(per_topic) | {t for (_k, _r, t) in by_reason if t})
     topic_rows = []
@@ -193,11 +216,14 @@ def analyze(
         ],
         "inputs": {
             "log": {
-                "path": str(opts.log) if opts.log else None,
+                "path": ", ".join(s.shown() for s in opts.log_specs) or None,
                 "segments": extracted.log_segments,
                 "records": records,
                 "corrupt": corrupt_count,
                 "read_this_run": extracted.log_records,
+                # per broker group ("" for a single broker's log): path, segments,
+                # read_this_run, records, messages (visible), corrupt
+                "groups": log_groups,
             },
             "services": extracted.rows,
             "dialects": extracted.dialects,
@@ -209,7 +235,12 @@ def analyze(
         "throughput": {"slot_ms": slot_ms, "rows": [r.asDict() for r in tp_rows]},
         "examples": [r.asDict() for r in examples],
         "corrupt": [
-            {"segment": r["segment"], "position": r["position"], "reason": r["corrupt"]}
+            {
+                "broker_group": r["broker_group"],
+                "segment": r["segment"],
+                "position": r["position"],
+                "reason": r["corrupt"],
+            }
             for r in corrupt
         ],
         "seconds": round(time.time() - started, 3),

@@ -7,7 +7,8 @@ Every check returns rows of one schema, :data:`ANOMALY_COLUMNS`:
     reason   which check found it (below)
     topic    the message's topic (the intended one for halves and outbox rows)
     service  the service whose table the row came from, when there is one
-    group    the consumer group, for consumer-side findings
+    group    the consumer group, for consumer-side findings; the broker groups holding a
+             message stored in several (``g1,g2``)
     id       the transaction id, outbox key, idempotency key, message id or effect value
     at_ms    when the thing happened (local commit, store time, ...), epoch ms
     copies   how many there are, for duplicates
@@ -39,6 +40,7 @@ REASONS: Final = {
     "no local transaction": "phantom",
     "two messages for one transaction": "duplicate",
     "two messages for one idempotency key": "duplicate",
+    "one message in two broker groups": "duplicate",
     "effect applied twice": "duplicate",
     "half message undecided": "stuck",
     "transaction parked": "stuck",
@@ -70,6 +72,7 @@ _LOCAL = {"topic": "topic", "service": "service", "id": "tx_id", "at_ms": "creat
 _OUTBOX = {"topic": "topic", "service": "service", "id": "key", "at_ms": "created_ms"}
 _VISIBLE_TX = {"topic": "topic", "service": "service", "id": "tx_id", "at_ms": "store_ms"}
 _COPIES = {"topic": "topic", "at_ms": "store_ms", "copies": "copies"}
+_SPREAD = {**_COPIES, "id": "message_id", "group": "broker_groups"}
 _EFFECT = {"service": "service", "group": "effect", "id": "value", "copies": "copies"}
 _HALF = {"topic": "target_topic", "group": "producer_group", "id": "tx_id", "at_ms": "store_ms"}
 _MISSED = {
@@ -152,8 +155,30 @@ def duplicate(i: Inputs) -> list[DataFrame]:
     return [
         _rows(i.tx_messages.where(F.col("copies") > 1), twice, {**_COPIES, "id": "tx_id"}),
         _rows(keyed, "two messages for one idempotency key", {**_COPIES, "id": "idempotency_key"}),
+        _rows(spread(i), "one message in two broker groups", _SPREAD),
         _rows(i.effects, "effect applied twice", _EFFECT),
     ]
+
+
+def spread(i: Inputs) -> DataFrame:
+    """Message ids stored by more than one broker group. A group's broker gives the ids of
+    what it stores, so one id in two groups' logs is one message delivered by both (a group's
+    log restored into another, a slave that joined the wrong group). Within one group a
+    record keeps its id through replication and failover: that is not judged here."""
+    # One log has nothing to compare: limit(0) lets Spark's optimiser drop the scan and the
+    # shuffle, so a single broker's run costs nothing more.
+    visible = i.visible if i.several_groups else i.visible.limit(0)
+    return (
+        visible.groupBy("message_id")
+        .agg(
+            F.countDistinct("broker_group").alias("groups"),
+            F.array_join(F.array_sort(F.collect_set("broker_group")), ",").alias("broker_groups"),
+            F.count("*").alias("copies"),
+            F.min("topic").alias("topic"),
+            F.min("store_ms").alias("store_ms"),
+        )
+        .where(F.col("groups") > 1)
+    )
 
 
 def stuck(i: Inputs, cutoff_ms: int) -> list[DataFrame]:

@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from txbroker_reconcile.errors import CannotRun
 from txbroker_reconcile.logsource import FORMAT, SPARK_SCHEMA
-from txbroker_reconcile.options import JobOptions
+from txbroker_reconcile.options import JobOptions, LogSpec
 from txbroker_reconcile.segments import find_segments
 from txbroker_reconcile.sources import ServiceDb
 from txbroker_reconcile.state import State
@@ -33,6 +34,8 @@ Say = Callable[[str], None]
 class Extracted:
     log_records: int = 0
     log_segments: int = 0
+    # broker group -> what was read of its log: path, segments, read_this_run
+    log_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: dict[str, dict[str, int]] = field(default_factory=dict)  # service -> table -> rows
     dialects: dict[str, str] = field(default_factory=dict)  # service -> postgresql | sqlite
 
@@ -41,28 +44,43 @@ def _is_export(path: Path) -> bool:
     return path.is_dir() and any(path.glob("*.parquet")) and not (path / "commitlog").exists()
 
 
-def _read_log(spark: SparkSession, path: Path, state: State) -> tuple[DataFrame, int]:
+def _read_log(spark: SparkSession, spec: LogSpec, state: State) -> tuple[DataFrame, int]:
+    """One broker group's log, past its marks, its rows tagged with the group: positions and
+    segment names are per log (each group's starts at 0), so the group is part of a record's
+    key wherever the log is keyed."""
+    path, start = spec.path, state.log_start(spec.group)
     if _is_export(path):
         df = spark.read.schema(SPARK_SCHEMA).parquet(str(path))
         # The export is read whole each time: keep only what lies past the marks, as the
         # segment reader does, so an incremental run does not count a record twice.
-        for segment, start in state.log_start().items():
-            seen = (F.col("segment") == segment) & (F.col("position") < int(segment) + start)
+        for segment, pos in start.items():
+            seen = (F.col("segment") == segment) & (F.col("position") < int(segment) + pos)
             df = df.where(~seen)
-        return df, len(list(path.glob("*.parquet")))
-    segments = find_segments(path)
-    df = spark.read.format(FORMAT).option("start", json.dumps(state.log_start())).load(str(path))
-    return df, len(segments)
+        segments = len(list(path.glob("*.parquet")))
+    else:
+        segments = len(find_segments(path))
+        df = spark.read.format(FORMAT).option("start", json.dumps(start)).load(str(path))
+    return df.withColumn("broker_group", F.lit(spec.group)), segments
 
 
 def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Extracted:
     out = Extracted()
     run = F.lit(state.run)
-    if opts.log is not None:
-        say(f"reading the commit log in {opts.log}")
-        log, out.log_segments = _read_log(spark, opts.log, state)
-        out.log_records = state.append("log", log.withColumn("run", run))
+    if opts.log_specs:
+        logs = []
+        for spec in opts.log_specs:
+            say(f"reading the commit log in {spec.shown()}")
+            log, segments = _read_log(spark, spec, state)
+            logs.append(log)
+            out.log_segments += segments
+            out.log_groups[spec.group] = {"path": str(spec.path), "segments": segments}
+        out.log_records = state.append(
+            "log", reduce(DataFrame.unionByName, logs).withColumn("run", run)
+        )
         state.advance_log(spark)
+        read = _counts(spark.read.parquet(str(state.folder("log"))), "broker_group")
+        for group, info in out.log_groups.items():
+            info["read_this_run"] = read.get(group, 0)
         say(f"read {out.log_records:,} log records from {out.log_segments} segment file(s)")
     dbs = [ServiceDb(spark, s) for s in opts.services]
     parts: dict[str, list[DataFrame]] = {"local_tx": [], "outbox": [], "inbox": []}
@@ -82,10 +100,7 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
             continue
         state.append(table, reduce(DataFrame.unionByName, dfs))
     counts = {
-        t: {
-            r["service"]: r["count"]
-            for r in spark.read.parquet(str(state.folder(t))).groupBy("service").count().collect()
-        }
+        t: _counts(spark.read.parquet(str(state.folder(t))), "service")
         for t in parts
         if state.folder(t).exists()
     }
@@ -99,6 +114,10 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
             + ", ".join(f"{n:,} {t} rows" for t, n in out.rows[name].items())
         )
     return out
+
+
+def _counts(df: DataFrame, key: str) -> dict[str, int]:
+    return {r[key]: r["count"] for r in df.groupBy(key).count().collect()}
 
 
 def read_effects(spark: SparkSession, opts: JobOptions) -> DataFrame:
@@ -120,6 +139,7 @@ def read_effects(spark: SparkSession, opts: JobOptions) -> DataFrame:
     return spark.createDataFrame([], "service string, effect string, value string, copies long")
 
 
-def check_log(path: Path | None) -> None:
-    if path is not None and not path.exists():
-        raise CannotRun(f"--log {path}: no such directory")
+def check_log(specs: tuple[LogSpec, ...]) -> None:
+    for spec in specs:
+        if not spec.path.exists():
+            raise CannotRun(f"--log {spec.shown()}: no such directory")

@@ -27,8 +27,9 @@ def is_user_topic(topic: Column) -> Column:
 
 @dataclass(frozen=True)
 class Inputs:
-    """``log`` is every record (valid and corrupt); the tables carry a ``service`` column
-    (and the outbox its ``namespace``)."""
+    """``log`` is every record (valid and corrupt), each with the ``broker_group`` whose log
+    it came from (a segment and position are places in one group's log); the tables carry a
+    ``service`` column (and the outbox its ``namespace``)."""
 
     log: DataFrame
     local_tx: DataFrame  # service, tx_id, state, topic, created_ms
@@ -46,6 +47,9 @@ class Inputs:
     tx_messages: DataFrame
     # committed local transactions: service, tx_id, topic, created_ms, partitioned by tx_id
     committed_tx: DataFrame
+    # The log holds several broker groups' logs (records carry ``broker_group``; one
+    # broker's log is group ""): only then are message ids compared across groups.
+    several_groups: bool = False
 
     @property
     def records(self) -> DataFrame:

@@ -18,6 +18,7 @@ from txbroker_reconcile.errors import CannotRun
 __all__ = [
     "DESCRIPTION",
     "JobOptions",
+    "LogSpec",
     "ServiceSpec",
     "add_arguments",
     "options_from",
@@ -45,7 +46,23 @@ class ServiceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class LogSpec:
+    """One broker group's commit log: its name in the report and state (``""`` for the one
+    log of a single broker), and the broker's data directory or a Parquet export of it."""
+
+    group: str
+    path: Path
+
+    def shown(self) -> str:
+        """As the command line gave it: ``--log DIR`` or ``--log GROUP=DIR``."""
+        return f"{self.group}={self.path}" if self.group else str(self.path)
+
+
+@dataclass(frozen=True, slots=True)
 class JobOptions:
+    """``log`` is the one log of a single broker (its records' ``broker_group`` is ``""``),
+    ``logs`` the logs of several broker groups, read as one; give one or the other."""
+
     services: tuple[ServiceSpec, ...]
     log: Path | None
     out: Path
@@ -60,6 +77,17 @@ class JobOptions:
     as_of_ms: int | None = None
     shuffle_partitions: int | None = None
     progress: bool = True
+    logs: tuple[LogSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.log is None or not self.logs, "give log (one broker) or logs (groups)"
+        groups = [spec.group for spec in self.logs]
+        assert all(groups) and len(set(groups)) == len(groups), groups
+
+    @property
+    def log_specs(self) -> tuple[LogSpec, ...]:
+        """Every log to read, one per broker group."""
+        return (LogSpec("", self.log),) if self.log is not None else self.logs
 
 
 def parse_duration(text: str, what: str) -> float:
@@ -105,9 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--log",
-        metavar="DIR",
+        action="append",
+        metavar="[GROUP=]DIR",
         help="the broker's data directory (or its commitlog/ folder), or a Parquet export "
-        "made by `txbroker log export`",
+        "made by `txbroker log export`; with several broker groups, one GROUP=DIR per group "
+        "(repeat the option)",
     )
     p.add_argument("--out", metavar="DIR", required=True, help="where the report is written")
     p.add_argument(
@@ -166,6 +196,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
 
 
+def _logs(values: Sequence[str] | None) -> tuple[Path | None, tuple[LogSpec, ...]]:
+    """``--log DIR`` (one broker, as before) or ``--log GROUP=DIR`` once per broker group.
+    A value is GROUP=DIR when what precedes its first ``=`` is a group name (no ``/``)."""
+    if not values:
+        return None, ()
+    specs = []
+    for raw in values:
+        name, sep, path = raw.partition("=")
+        if sep and _NAME.fullmatch(name):
+            if not path:
+                raise CannotRun(f"--log {raw!r}: expected GROUP=DIR, e.g. --log g1=/export/g1")
+            specs.append(LogSpec(name, Path(path)))
+        else:
+            specs.append(LogSpec("", Path(raw)))
+    if len(specs) == 1 and not specs[0].group:
+        return specs[0].path, ()
+    unnamed = [s.path for s in specs if not s.group]
+    if unnamed:
+        raise CannotRun(
+            f"--log {unnamed[0]}: with several logs, name each one's broker group: "
+            "--log g1=DIR --log g2=DIR"
+        )
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.group in seen:
+            raise CannotRun(f"--log {spec.group} is given twice")
+        seen.add(spec.group)
+    return None, tuple(specs)
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str = "txbroker reconcile") -> JobOptions:
     return options_from(parser(prog).parse_args(argv))
 
@@ -196,9 +256,11 @@ def options_from(args: argparse.Namespace) -> JobOptions:
     if args.examples < 0:
         raise CannotRun("--examples must be 0 or more")
     jars = tuple(j for j in (args.jars or "").split(",") if j)
+    log, logs = _logs(args.log)
     return JobOptions(
         services=tuple(services),
-        log=Path(args.log) if args.log else None,
+        log=log,
+        logs=logs,
         out=Path(args.out),
         grace_s=parse_duration(args.grace, "--grace"),
         master=args.master,

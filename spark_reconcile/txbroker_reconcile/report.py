@@ -59,6 +59,7 @@ _TOPIC_HEADERS: Final = ["topic", "messages", "transactional", "outbox", *KINDS,
 _LATENCY_HEADERS: Final = ["topic", "leg", "group", "count", *_P]
 _EXAMPLE_HEADERS: Final = ["kind", "reason", "topic", "service", "group", "id", "at", "copies"]
 _INPUT_HEADERS: Final = ["service", "txb_local_tx rows", "txb_outbox rows", "txb_inbox rows"]
+_GROUP_HEADERS: Final = ["broker group", "log", "segment files", "records", "messages", "corrupt"]
 
 
 def _time(ms: int | None) -> str:
@@ -203,7 +204,23 @@ def render(summary: dict[str, Any]) -> str:
         ]
         for e in summary["examples"]
     ]
-    corrupt = [[c["segment"], c["position"], c["reason"]] for c in summary["corrupt"]]
+    corrupt = [
+        [c.get("broker_group") or "-", c["segment"], c["position"], c["reason"]]
+        for c in summary["corrupt"]
+    ]
+    # Several broker groups' logs read as one: what each contributed. One broker's log (group
+    # "") is the header's line alone.
+    groups = {g: v for g, v in log.get("groups", {}).items() if g}
+    group_rows = [
+        [g, v["path"] or "-", v["segments"], v["records"], v["messages"], v["corrupt"]]
+        for g, v in groups.items()
+    ]
+    group_table = (
+        '<h2 style="margin-top:16px">Broker groups</h2>'
+        + _table(_GROUP_HEADERS, group_rows, {2, 3, 4, 5})
+        if groups
+        else ""
+    )
     services = [
         [name, rows.get("local_tx", 0), rows.get("outbox", 0), rows.get("inbox", 0)]
         for name, rows in summary["inputs"]["services"].items()
@@ -240,8 +257,9 @@ was read, else local commit → broker store.{_clock_note(summary)}</p></section
 </section>
 <section><h2>Inputs</h2>
 {_table(_INPUT_HEADERS, services, {1, 2, 3})}
+{group_table}
 <h2 style="margin-top:16px">Corrupt records</h2>
-{_table(["segment", "position", "reason"], corrupt, {1})}
+{_table(["broker group", "segment", "position", "reason"], corrupt, {2})}
 </section>
 </main></body></html>
 """

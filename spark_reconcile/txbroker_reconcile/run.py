@@ -77,7 +77,7 @@ def reconcile(opts: JobOptions, progress: _Progress, spark: Any = None) -> dict[
     from txbroker_reconcile.state import State
     from txbroker_reconcile.summary import write_summary
 
-    check_log(opts.log)
+    check_log(opts.log_specs)
     opts.out.mkdir(parents=True, exist_ok=True)
     if spark is None:
         dialects = [ServiceDb.dialect_of(s) for s in opts.services]

@@ -55,9 +55,22 @@ def spark_session(
             # Local mode runs the executors inside the driver's JVM: its heap is theirs.
             .config("spark.driver.memory", os.environ.get("TXBROKER_SPARK_MEMORY", "4g"))
         )
+        if _on_loopback(master):
+            # A master on loopback (python -m txbroker_reconcile.standalone) has its executors
+            # there too, and they call the driver back: it listens on loopback as well, not on
+            # whatever address the host name resolves to.
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(LogDataSource)
     return spark
+
+
+def _on_loopback(master: str) -> bool:
+    """``spark://127.0.0.1:7077`` or ``spark://localhost:7077`` (a standalone master here)."""
+    host = master.removeprefix("spark://").rpartition(":")[0]
+    return master.startswith("spark://") and host in ("127.0.0.1", "localhost")

@@ -1,7 +1,9 @@
 """The running result of incremental runs: the inputs read so far, and where reading stopped.
 
 A state directory holds, per input, one Parquet folder per run (``log/run=0003/``, ...) and
-``watermark.json``: per segment file the byte position after its last whole record, per service
+``watermark.json``: per segment file the byte position after its last whole record (keyed
+``<group>/<segment>`` for a broker group's log: every group's log has a segment
+``00000000000000000000``, so the bare file name of a single broker's log would collide), per service
 the newest ``created_at`` / ``processed_at`` seen and the outbox id from which rows are read
 again (rows not yet published change later). A run reads only past those marks, appends its
 rows as the next run's folder, then moves the watermark (written last, atomically: a run that
@@ -42,7 +44,8 @@ _VERSION: Final = 1
 @dataclass
 class _Marks:
     run: int = 0
-    log: dict[str, int] = field(default_factory=dict)  # segment file name -> resume position
+    # [<broker group>/]<segment file name> -> resume position
+    log: dict[str, int] = field(default_factory=dict)
     services: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
 
@@ -66,8 +69,18 @@ class State:
 
     # --- reading marks ---------------------------------------------------------------------
 
-    def log_start(self) -> dict[str, int]:
-        return dict(self.marks.log)
+    def log_start(self, group: str = "") -> dict[str, int]:
+        """Where to resume reading ``group``'s log: segment file name -> byte position."""
+        prefix = f"{group}/" if group else ""
+        return {
+            key.removeprefix(prefix): pos
+            for key, pos in self.marks.log.items()
+            if ("/" in key) == bool(group) and key.startswith(prefix)
+        }
+
+    def log_groups(self) -> set[str]:
+        """The broker groups whose logs this state has read records of ("" for one broker's)."""
+        return {key.rpartition("/")[0] for key in self.marks.log}
 
     def watermark(self, service: str) -> Watermark:
         m = self.marks.services.get(service, {})
@@ -96,12 +109,14 @@ class State:
         rows = (
             spark.read.parquet(str(self.folder("log")))
             .where(F.col("corrupt").isNull())
-            .groupBy("segment")
+            .groupBy("broker_group", "segment")
             .agg(F.max(F.col("position") + F.col("size")).alias("end"))
             .collect()
         )
         for r in rows:
-            self.marks.log[r["segment"]] = int(r["end"]) - int(r["segment"])
+            group = r["broker_group"]
+            key = f"{group}/{r['segment']}" if group else r["segment"]
+            self.marks.log[key] = int(r["end"]) - int(r["segment"])
 
     def advance_service(self, spark: SparkSession, service: str) -> None:
         def newest(table: str, column: str, agg: Any = F.max) -> Any:
@@ -161,12 +176,14 @@ def latest(df: DataFrame, keys: list[str]) -> DataFrame:
 
 def log_rows(df: DataFrame) -> DataFrame:
     """The kept log without repeats: a damaged position read again (the newest segment's tail)
-    counts once, and not at all once a later run read a whole record there."""
+    counts once, and not at all once a later run read a whole record there. A position is
+    a place in one broker group's log (each group's log starts at 0)."""
+    at = ["broker_group", "position"]
     df = df.drop("run")
     valid = df.where(F.col("corrupt").isNull())
-    damaged = df.where(F.col("corrupt").isNotNull()).dropDuplicates(["position"])
-    healed = valid.join(F.broadcast(damaged.select("position")), "position", "left_semi")
-    return valid.unionByName(damaged.join(healed.select("position"), "position", "left_anti"))
+    damaged = df.where(F.col("corrupt").isNotNull()).dropDuplicates(at)
+    healed = valid.join(F.broadcast(damaged.select(*at)), at, "left_semi")
+    return valid.unionByName(damaged.join(healed.select(*at), at, "left_anti"))
 
 
 def _scalar(df: DataFrame) -> int | None:

@@ -62,6 +62,12 @@ def print_summary(summary: dict[str, Any], report: Path, console: Console) -> No
             )
         console.print(reasons)
     log = summary["inputs"]["log"]
+    for group, g in log.get("groups", {}).items():
+        if group:  # several broker groups' logs: what each held
+            console.print(
+                f"broker group {group}: {g['records']:,} records, {g['messages']:,} messages, "
+                f"{g['corrupt']:,} corrupt ({g['path'] or 'kept from earlier runs'})"
+            )
     if log["corrupt"]:
         console.print(
             f"[yellow]{log['corrupt']:,} corrupt record(s) in the log[/] (see the report)"

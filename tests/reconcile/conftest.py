@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -22,14 +22,16 @@ from txbroker_sdk.schema import upgrade
 __all__ = ["run_async", "scratch_pg"]
 
 
-def _skip_or_fail(why: str) -> None:
+def _skip_or_fail(why: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"reconciliation tests need {why} under CI=true")
     pytest.skip(f"reconciliation tests need {why}")
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark_jars() -> list[str]:
+    """What any Spark here needs (pyspark, Java, the JDBC jars): the jars, or a skip (a
+    failure under CI) naming what is missing."""
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -38,13 +40,18 @@ def spark() -> Iterator[Any]:
         _skip_or_fail("Java")
     from txbroker_reconcile.errors import CannotRun
     from txbroker_reconcile.jars import find_jars
-    from txbroker_reconcile.session import spark_session
 
     try:
-        jars = find_jars(["postgresql", "sqlite"])
+        return find_jars(["postgresql", "sqlite"])
     except CannotRun as e:
         _skip_or_fail(str(e))
-    session = spark_session("local[2]", jars, shuffle_partitions=4)
+
+
+@pytest.fixture(scope="session")
+def spark(spark_jars: list[str]) -> Iterator[Any]:
+    from txbroker_reconcile.session import spark_session
+
+    session = spark_session("local[2]", spark_jars, shuffle_partitions=4)
     yield session
     session.stop()
 

@@ -1,0 +1,168 @@
+"""The job unchanged on a Spark standalone cluster: a master and a worker on loopback started
+from the installed pyspark (txbroker_reconcile.standalone), the job run as a user runs it
+(`txbroker reconcile --master spark://127.0.0.1:PORT`), reading the Parquet exports
+(`txbroker log export`) of two broker groups' logs: two real brokers the orders and billing
+services used in turn, as they use the groups a topic is spread over.
+
+The cluster starts once for the module (about 10 s); each job on it takes a minute or so on
+two cores, so the data are small and there are two jobs: the clean logs, and the same with one
+message stored in both groups.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import run_cli
+from tests.reconcile import worlds
+from tests.reconcile.conftest import run_async
+from tests.tx.conftest import tx_broker
+from txbroker_reconcile.errors import CannotRun
+from txbroker_reconcile.standalone import StandaloneCluster
+from txbroker_sdk.schema import upgrade
+
+GROUPS = ("g1", "g2")
+ORDERS_PER_GROUP, AUDITS_PER_GROUP = 4, 2
+# A job takes 40-100 s on a loaded 2-core machine (each of its dozens of small stages is
+# scheduled through the master and the worker); the bound leaves a slow CI runner room.
+JOB_TIMEOUT_S = 400
+
+
+@pytest.fixture(scope="module")
+def cluster(spark_jars: list[str]) -> Iterator[StandaloneCluster]:
+    # Two cores: the worker runs a stage's tasks two at a time, as the local tests' session.
+    c = StandaloneCluster(cores=2).start()
+    yield c
+    c.stop()
+    assert c.pids() == [], "the cluster left processes behind"
+    assert not c.dir.exists()
+
+
+@dataclass
+class Groups:
+    """Two broker groups' logs, exported, and the services' databases they were used with."""
+
+    orders_url: str
+    billing_url: str
+    exports: dict[str, Path]
+    plain_id: str  # a plain send's message id, stored by g1
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory: pytest.TempPathFactory) -> Groups:
+    tmp = tmp_path_factory.mktemp("groups")
+    orders_url, billing_url = (f"sqlite:///{tmp / f'{s}.db'}" for s in ("orders", "billing"))
+    upgrade(orders_url)
+    upgrade(billing_url)
+    plain: list[str] = []
+
+    async def use(broker_url: str, group: str) -> None:
+        async with worlds.services(broker_url, orders_url, billing_url) as s:
+            await worlds.clean_traffic(s, orders=ORDERS_PER_GROUP, audits=AUDITS_PER_GROUP)
+            if group == "g1":
+                plain.append((await s.client.send(worlds.ORDERS, b'{"plain": 1}')).message_id)
+            await worlds.consume_all(s)
+
+    exports = {}
+    for group in GROUPS:
+        broker = tx_broker(tmp / group).start()
+        try:
+            run_async(use(broker.url, group))
+            exports[group] = tmp / f"{group}-export"
+            res = run_cli("log", "export", "--log", str(broker.data_dir), "--out",
+                          str(exports[group]), "--json")  # fmt: skip
+            assert res.returncode == 0, res.stderr
+        finally:
+            broker.stop()
+    return Groups(orders_url, billing_url, exports, plain[0])
+
+
+def _reconcile(cluster: StandaloneCluster, g: Groups, logs: dict[str, Path], out: Path) -> Any:
+    started = time.monotonic()
+    res = run_cli(
+        "reconcile", "--master", cluster.master_url,
+        "--service", f"orders={g.orders_url}", "--service", f"billing={g.billing_url}",
+        *(a for group, path in logs.items() for a in ("--log", f"{group}={path}")),
+        "--out", str(out), "--grace", "0s", "--shuffle-partitions", "2", "--json",
+        env={"PYSPARK_PYTHON": sys.executable}, timeout=JOB_TIMEOUT_S,
+    )  # fmt: skip
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    summary["exit"], summary["seconds"] = res.returncode, time.monotonic() - started
+    return summary
+
+
+def _ran_on(cluster: StandaloneCluster) -> int:
+    status = cluster.status()
+    assert status is not None
+    return sum(1 for app in status["completedapps"] if app["name"] == "txbroker-reconcile")
+
+
+def test_two_groups_exported_logs_reconcile_clean_on_the_cluster(
+    cluster: StandaloneCluster, groups: Groups, tmp_path: Path
+) -> None:
+    before = _ran_on(cluster)
+    summary = _reconcile(cluster, groups, groups.exports, tmp_path / "out")
+    assert summary["exit"] == 0 and summary["clean"], summary["by_reason"]
+    assert summary["anomalies"] == {"lost": 0, "phantom": 0, "duplicate": 0, "stuck": 0}
+    assert _ran_on(cluster) == before + 1  # the master ran it, not a local session
+    per_group = summary["inputs"]["log"]["groups"]
+    assert set(per_group) == set(GROUPS)
+    # Each group holds its own traffic: its orders, its outbox sends, g1 the plain send.
+    for group, plain in (("g1", 1), ("g2", 0)):
+        assert per_group[group]["messages"] == ORDERS_PER_GROUP + AUDITS_PER_GROUP + plain
+        assert per_group[group]["records"] > per_group[group]["messages"]  # halves, ops too
+        assert per_group[group]["path"] == str(groups.exports[group])
+    topics = {t["topic"]: t for t in summary["topics"]}
+    assert topics["orders"]["messages"] == 2 * ORDERS_PER_GROUP + 1
+    assert topics["orders"]["transactional"] == 2 * ORDERS_PER_GROUP
+    assert topics["audit"]["outbox"] == 2 * AUDITS_PER_GROUP
+    services = summary["inputs"]["services"]
+    assert services["orders"]["local_tx"] == 2 * ORDERS_PER_GROUP
+
+
+def test_a_message_stored_by_both_groups_is_a_duplicate(
+    cluster: StandaloneCluster, groups: Groups, tmp_path: Path
+) -> None:
+    """g1's plain send found in g2's log as well, the way a log restored into another group
+    holds it: the record, id and all, in g2's export beside g2's own."""
+    g2 = tmp_path / "g2-export"
+    shutil.copytree(groups.exports["g2"], g2)
+    table = pq.read_table(groups.exports["g1"])
+    pq.write_table(table.filter(pc.equal(table["message_id"], groups.plain_id)), g2 / "x.parquet")
+    summary = _reconcile(cluster, groups, {"g1": groups.exports["g1"], "g2": g2}, tmp_path / "o")
+    assert summary["exit"] == 1
+    assert summary["anomalies"] == {"lost": 0, "phantom": 0, "duplicate": 1, "stuck": 0}
+    assert summary["by_reason"] == [
+        {
+            "kind": "duplicate",
+            "reason": "one message in two broker groups",
+            "topic": worlds.ORDERS,
+            "count": 1,
+        }
+    ]
+    found = pq.read_table(tmp_path / "o" / "anomalies").to_pylist()
+    assert [(r["id"], r["group"], r["copies"]) for r in found] == [(groups.plain_id, "g1,g2", 2)]
+
+
+def test_a_cluster_that_does_not_come_up_names_the_log_and_leaves_nothing(
+    spark_jars: list[str], tmp_path: Path
+) -> None:
+    # Half a second: no JVM is up by then, so the master is reported as the one at fault.
+    c = StandaloneCluster(tmp_path / "spark")
+    with pytest.raises(CannotRun, match=r"Spark master was not ready within 0\.5s") as e:
+        c.start(timeout_s=0.5)
+    assert str(tmp_path / "spark" / "master.log") in str(e.value)
+    assert c.pids() == []
+    assert (tmp_path / "spark" / "master.log").exists()  # kept, to be read
