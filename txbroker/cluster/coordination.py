@@ -18,9 +18,24 @@ import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Final, Self
 
-__all__ = ["Coordinator", "EventKind", "KeyValue", "Lease", "Listing", "Watch", "WatchEvent"]
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "Coordinator",
+    "EventKind",
+    "KeyValue",
+    "Lease",
+    "Listing",
+    "Watch",
+    "WatchEvent",
+]
+
+# A request to a healthy etcd on a LAN answers in milliseconds; an fsync on a slow disk can take
+# a few hundred. 2 s lets that pass, and is no longer than the shortest lease etcd grants (2 s),
+# so an unanswered keep-alive is known for one before the lease could have ended (a lease
+# keeper bounds each keep-alive by its own step-down deadline as well, lease.py).
+DEFAULT_REQUEST_TIMEOUT_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)

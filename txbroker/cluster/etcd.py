@@ -46,7 +46,9 @@ import aetcd
 import aetcd.exceptions
 import aetcd.rpc
 
+from txbroker.cluster._tasks import cancel_and_wait
 from txbroker.cluster.coordination import (
+    DEFAULT_REQUEST_TIMEOUT_S,
     Coordinator,
     EventKind,
     KeyValue,
@@ -58,14 +60,10 @@ from txbroker.cluster.coordination import (
 from txbroker.cluster.url import CoordinatorUrl, Endpoint, parse_coordinator_url
 from txbroker.errors import CoordinationError, CoordinatorUnavailable, InvalidArgument, LeaseExpired
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "EtcdCoordinator", "connect_etcd"]
+__all__ = ["EtcdCoordinator", "connect_etcd"]
 
 T = TypeVar("T")
 
-# A request to a healthy etcd on a LAN answers in milliseconds; an fsync on a slow disk can take
-# a few hundred. 2 s lets that pass and still leaves a 10 s lease (election.py) time for a
-# second keep-alive attempt before its holder has to step down.
-DEFAULT_REQUEST_TIMEOUT_S: Final = 2.0
 # gRPC channel keep-alive: etcd's default --grpc-keepalive-min-time is 5 s (a client pinging
 # more often is sent GOAWAY); 10 s + a 5 s answer bound ends a dead watch stream within ~15 s.
 _GRPC_OPTIONS: Final = {
@@ -336,6 +334,7 @@ class EtcdWatch(Watch):
         self._start_revision = start_revision
         self._watch: Any = None
         self._events: AsyncIterator[Any] | None = None
+        self._pending: asyncio.Future[Any] | None = None
         self._endpoint: Endpoint | None = None
         self._closed = False
 
@@ -358,38 +357,65 @@ class EtcdWatch(Watch):
     async def __anext__(self) -> WatchEvent:
         if self._events is None or self._closed:
             raise StopAsyncIteration
+        # aetcd's iterator is an async generator: cancelling a wait on it (a caller's timeout)
+        # would end it for good. The wait runs in a task of its own, shielded, so a cancelled
+        # __anext__ leaves it running for the next call and no event is lost.
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(_next_or_none(self._events))
+        pending = self._pending
         try:
-            event = await anext(self._events)
-        except StopAsyncIteration:
-            self._closed = True
+            event = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():  # close() ended it, not the caller's own cancellation
+                raise StopAsyncIteration from None
             raise
         except aetcd.exceptions.RevisionCompactedError as e:
-            self._closed = True
+            self._end()
             raise CoordinationError(
                 f"{self._request} at etcd {self._endpoint}: revision compacted below "
                 f"{e.compacted_revision}; list again and watch from the listing's revision"
             ) from e
         except aetcd.exceptions.ClientError as e:
-            self._closed = True
+            self._end()
             raise CoordinatorUnavailable(
                 f"{self._request} at etcd {self._endpoint}: the watch stream broke ({e}); "
                 "list again and watch from the listing's revision"
             ) from e
+        self._pending = None
+        if event is None:
+            self._end()
+            raise StopAsyncIteration
         kv = event.kv
         if event.kind == "DELETE":
             return WatchEvent(EventKind.DELETE, kv.key.decode(), b"", int(kv.mod_revision))
         return WatchEvent(EventKind.PUT, kv.key.decode(), bytes(kv.value), int(kv.mod_revision))
+
+    def _end(self) -> None:
+        self._pending = None
+        self._closed = True
 
     async def close(self) -> None:
         if self._closed and self._watch is None:
             return
         self._closed = True
         self._coordinator._watches.discard(self)
+        if self._pending is not None:
+            await cancel_and_wait(self._pending)
+            self._pending = None
         watch, self._watch = self._watch, None
         if watch is not None:
             with contextlib.suppress(Exception):  # a broken stream has nothing left to cancel
                 async with asyncio.timeout(self._coordinator.request_timeout_s):
                     await watch.cancel()
+
+
+async def _next_or_none(events: AsyncIterator[Any]) -> Any:
+    """The next event, or None when the iteration ended (a task cannot end in
+    StopAsyncIteration cleanly)."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
 
 
 async def connect_etcd(
