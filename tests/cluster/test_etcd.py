@@ -11,8 +11,9 @@ import pytest
 
 from tests.cluster.conftest import EtcdServer, free_port
 from tests.conftest import IN_CI
+from txbroker.cluster import connect_coordinator
 from txbroker.cluster.coordination import EventKind, WatchEvent
-from txbroker.errors import CoordinationError, CoordinatorUnavailable, LeaseExpired
+from txbroker.errors import CoordinationError, CoordinatorUnavailable, InvalidArgument, LeaseExpired
 
 if not IN_CI:  # by hand, skip without the client; under CI its absence is an error
     pytest.importorskip("aetcd")
@@ -218,3 +219,11 @@ async def test_a_dead_endpoint_first_in_the_url_is_passed_over(etcd: EtcdServer)
         # Writes too: a refused connection proves the request was never sent.
         assert await c.create("/txb/e", b"") is not None
         assert c.endpoint.port == etcd.client_port
+
+
+async def test_connect_coordinator_opens_an_etcd_session(etcd: EtcdServer) -> None:
+    async with await connect_coordinator(etcd.url) as c:
+        assert isinstance(c, EtcdCoordinator)
+        assert await c.create("/txb/hello", b"world") is not None
+    with pytest.raises(InvalidArgument):
+        await connect_coordinator("zk://127.0.0.1:2181")
