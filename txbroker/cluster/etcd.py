@@ -1,7 +1,8 @@
 """The coordination interface on etcd's v3 API, through the ``aetcd`` client (asyncio, gRPC).
 
-Why aetcd: it is the maintained asyncio client of etcd's v3 gRPC API (a fork of ``etcd3``, whose
-last release predates current grpcio/protobuf and which is blocking). It was tried against
+Why aetcd: it is a maintained asyncio client of etcd's v3 gRPC API (1.0.0 requires a current
+grpcio and protobuf). It descends from python-etcd3 (``etcd3``), whose calls block (a broker
+would need a thread per call) and which is no longer maintained. aetcd was tried against
 Debian's etcd 3.4.23 (``etcd-server``) with grpcio 1.85 before it was chosen (docs/cluster.md,
 "The client"): leases are granted (a 1 s TTL comes back raised to etcd's 2 s minimum), kept
 alive and revoked, and a revoked lease's keep-alive answers TTL 0; a transaction comparing
@@ -209,12 +210,14 @@ class EtcdCoordinator(Coordinator):
         return int(done.header.revision)
 
     async def delete(self, key: str) -> bool:
-        done = await self._call(f"delete {key}", lambda c: c.delete(key.encode()), idempotent=True)
+        # Not retried elsewhere once possibly sent: the effect would repeat safely, but the
+        # answer (was there a key?) would not.
+        done = await self._call(f"delete {key}", lambda c: c.delete(key.encode()), idempotent=False)
         return done is not None
 
     async def delete_prefix(self, prefix: str) -> int:
         done = await self._call(
-            f"delete {prefix}*", lambda c: c.delete_prefix(prefix.encode()), idempotent=True
+            f"delete {prefix}*", lambda c: c.delete_prefix(prefix.encode()), idempotent=False
         )
         return int(done.deleted)
 
