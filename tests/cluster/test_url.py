@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from txbroker.cluster.url import Endpoint, parse_coordinator_url
@@ -38,3 +41,9 @@ def test_endpoints_in_order_with_the_default_port() -> None:
 def test_bad_urls_are_refused_with_the_reason(url: str, says: str) -> None:
     with pytest.raises(InvalidArgument, match=says):
         parse_coordinator_url(url)
+
+
+def test_the_package_imports_without_the_etcd_client() -> None:
+    """aetcd is the `cluster` extra: only connect_coordinator (through etcd.py) needs it."""
+    code = "import sys, txbroker.cluster; assert 'aetcd' not in sys.modules, 'aetcd imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
