@@ -24,7 +24,9 @@ States (one guarded transition function, ``_move``)::
     KEEPING ──keep-alives failed until valid_until_s, or etcd says the lease is gone──▶ LOST
        └────stop(): revoked (its keys deleted now) or let go───────────────────────▶ ENDED
 
-LOST and ENDED are final: a holder that lost its lease campaigns again with a new one.
+``stop()`` after a loss moves LOST to ENDED, and still revokes: the lease may live on etcd for
+up to the margin, and revoking hands its keys over sooner. ENDED is final; a holder that lost
+its lease campaigns or registers again with a new one.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Final, Self
 
 from txbroker.cluster._tasks import cancel_and_wait
 from txbroker.cluster.coordination import Coordinator, Lease
-from txbroker.errors import CoordinationError, LeaseExpired
+from txbroker.errors import CoordinationError, InvalidArgument, LeaseExpired
 
 __all__ = ["LeaseKeeper", "LeaseState", "default_safety_margin_s"]
 
@@ -68,7 +70,9 @@ class LeaseState(enum.Enum):
 
 _TRANSITIONS: Final = {
     LeaseState.KEEPING: frozenset({LeaseState.LOST, LeaseState.ENDED}),
-    LeaseState.LOST: frozenset({LeaseState.ENDED}),  # stop() after a loss: nothing to revoke
+    LeaseState.LOST: frozenset(
+        {LeaseState.ENDED}
+    ),  # stop() after a loss (still revokes, best effort)
     LeaseState.ENDED: frozenset[LeaseState](),
 }
 
@@ -98,7 +102,7 @@ class LeaseKeeper:
             default_safety_margin_s(lease.ttl_s) if safety_margin_s is None else safety_margin_s
         )
         if not 0 <= margin_s < lease.ttl_s:
-            raise ValueError(f"safety margin {margin_s} s must be in [0, TTL {lease.ttl_s} s)")
+            raise InvalidArgument(f"safety margin {margin_s} s must be in [0, TTL {lease.ttl_s} s)")
         self.coordinator = coordinator
         self.lease = lease
         self.safety_margin_s = margin_s
@@ -146,10 +150,10 @@ class LeaseKeeper:
         (best effort: an unreachable etcd lets it expire within its TTL instead)."""
         if self._task is not None:
             await cancel_and_wait(self._task)
-        was_keeping = self.state is LeaseState.KEEPING
-        if self.state is not LeaseState.ENDED:
-            self._move(LeaseState.ENDED)
-        if revoke and was_keeping:
+        if self.state is LeaseState.ENDED:
+            return
+        self._move(LeaseState.ENDED)
+        if revoke:
             try:
                 await self.coordinator.revoke_lease(self.lease)
             except CoordinationError as e:
