@@ -123,9 +123,9 @@ class EtcdCoordinator(Coordinator):
         """The endpoint the next call goes to first."""
         return self.url.endpoints[self._current]
 
-    async def ping(self) -> int:
-        """Ask for the current revision: proves an endpoint answers (``connect_etcd`` does)."""
-        return (await self.list_prefix("/txb/\x00ping")).revision
+    async def ping(self) -> None:
+        """Read one key: proves an endpoint answers (``connect_etcd`` does)."""
+        await self._call("connect (read /txb/)", lambda c: c.get(b"/txb/"), idempotent=True)
 
     # The one way every request is made.
 
