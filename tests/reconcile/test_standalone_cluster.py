@@ -4,17 +4,23 @@ from the installed pyspark (txbroker_reconcile.standalone), the job run as a use
 (`txbroker log export`) of two broker groups' logs: two real brokers the orders and billing
 services used in turn, as they use the groups a topic is spread over.
 
-The cluster starts once for the module (about 10 s); each job on it takes a minute or so on
-two cores, so the data are small and there are two jobs: the clean logs, and the same with one
-message stored in both groups.
+The cluster starts once for the module (about 10 s), with the documented command; each job on
+it takes a minute or so on two cores, so the data are small and there are two jobs: the clean
+logs, and the same with one message stored in both groups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,14 +45,57 @@ ORDERS_PER_GROUP, AUDITS_PER_GROUP = 4, 2
 JOB_TIMEOUT_S = 400
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster `python -m txbroker_reconcile.standalone` started, as it printed it."""
+
+    master_url: str
+    ui_url: str
+
+    def status(self) -> Any:
+        with urllib.request.urlopen(self.ui_url + "/json/", timeout=5) as r:
+            return json.load(r)
+
+
+def _working_in(folder: Path) -> list[int]:
+    """Processes whose working directory lies in ``folder``: the daemons (started there), the
+    executors and their Python workers (in the worker's ``work/``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # ended meanwhile, or not ours to read
+                cwd = Path(os.readlink(entry / "cwd"))
+                if cwd == folder or folder in cwd.parents:
+                    found.append(int(entry.name))
+    return found
+
+
 @pytest.fixture(scope="module")
-def cluster(spark_jars: list[str]) -> Iterator[StandaloneCluster]:
-    # Two cores: the worker runs a stage's tasks two at a time, as the local tests' session.
-    c = StandaloneCluster(cores=2).start()
-    yield c
-    c.stop()
-    assert c.pids() == [], "the cluster left processes behind"
-    assert not c.dir.exists()
+def cluster(spark_jars: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Started with the documented command (two cores: a stage's tasks run two at a time, as
+    in the local tests' session), stopped with SIGTERM as Ctrl-C would."""
+    folder = tmp_path_factory.mktemp("spark")
+    cmd = [
+        sys.executable,
+        "-m",
+        "txbroker_reconcile.standalone",
+        "--dir",
+        str(folder),
+        "--cores",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        # The first line comes once the worker registered, or never: it gives up within 60 s.
+        ready = re.match(r"master (spark://\S+) · web UI (http://\S+)", proc.stdout.readline())
+        assert ready, proc.communicate(timeout=30)[1] if proc.poll() is not None else "no line"
+        yield Cluster(ready[1], ready[2])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert _working_in(folder) == [], "the cluster left processes behind"
 
 
 @dataclass
@@ -88,7 +137,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Groups:
     return Groups(orders_url, billing_url, exports, plain[0])
 
 
-def _reconcile(cluster: StandaloneCluster, g: Groups, logs: dict[str, Path], out: Path) -> Any:
+def _reconcile(cluster: Cluster, g: Groups, logs: dict[str, Path], out: Path) -> Any:
     started = time.monotonic()
     res = run_cli(
         "reconcile", "--master", cluster.master_url,
@@ -103,14 +152,13 @@ def _reconcile(cluster: StandaloneCluster, g: Groups, logs: dict[str, Path], out
     return summary
 
 
-def _ran_on(cluster: StandaloneCluster) -> int:
+def _ran_on(cluster: Cluster) -> int:
     status = cluster.status()
-    assert status is not None
     return sum(1 for app in status["completedapps"] if app["name"] == "txbroker-reconcile")
 
 
 def test_two_groups_exported_logs_reconcile_clean_on_the_cluster(
-    cluster: StandaloneCluster, groups: Groups, tmp_path: Path
+    cluster: Cluster, groups: Groups, tmp_path: Path
 ) -> None:
     before = _ran_on(cluster)
     summary = _reconcile(cluster, groups, groups.exports, tmp_path / "out")
@@ -133,7 +181,7 @@ def test_two_groups_exported_logs_reconcile_clean_on_the_cluster(
 
 
 def test_a_message_stored_by_both_groups_is_a_duplicate(
-    cluster: StandaloneCluster, groups: Groups, tmp_path: Path
+    cluster: Cluster, groups: Groups, tmp_path: Path
 ) -> None:
     """g1's plain send found in g2's log as well, the way a log restored into another group
     holds it: the record, id and all, in g2's export beside g2's own."""
