@@ -178,8 +178,18 @@ def build_direct_handlers(tx: TxCoordinator, producer: Producer) -> dict[int, Di
     def tx_end(req: TxEndRequest) -> object:
         return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
+    def send_batch(req: SendBatchRequest) -> object:
+        if not 1 <= len(req.messages) <= MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
+        if any(r.idempotency_key is not None for r in req.messages):
+            return None
+        receipts, durable = producer.send_batch_nowait(req.messages)
+        answer = SendBatchResponse(receipts)
+        return answer if durable is None else Deferred(durable, answer)
+
     direct: dict[int, DirectHandler] = {
         Opcode.SEND: send,
+        Opcode.SEND_BATCH: send_batch,
         Opcode.TX_PREPARE: tx.prepare_nowait,
         Opcode.TX_END: tx_end,
     }

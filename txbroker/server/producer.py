@@ -209,21 +209,38 @@ class Producer:
         answer must wait for: the group commit that makes it durable (shared with every append
         until that commit starts), or None in async flush mode. Queues are woken once it is
         durable. The task-free front of :meth:`send` (``handlers.py``): no coroutine, task or
-        future per message, which is most of what a single send cost the broker."""
+        future per message, which was most of what a single send cost the broker."""
         assert req.idempotency_key is None, "deduplicated sends need send()"
         msg = self._stored_form(req)
         res = self._store.append_nowait(msg)
-        receipt = self._receipt(msg, res)
+        return self._receipt(msg, res), self._wake_when_durable((res,))
+
+    def send_batch_nowait(
+        self, reqs: Sequence[SendRequest]
+    ) -> tuple[list[SendReceipt], asyncio.Future[None] | None]:
+        """:meth:`send_batch` for a batch without idempotency keys, as :meth:`send_nowait`
+        answers: all or nothing, appended now, the receipts and what to wait for."""
+        assert all(r.idempotency_key is None for r in reqs), "deduplicated sends need send_batch()"
+        msgs = [self._stored_form(r) for r in reqs]
+        results = self._store.append_batch_nowait(msgs)
+        receipts = [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
+        return receipts, self._wake_when_durable(results)
+
+    def _wake_when_durable(self, results: Sequence[AppendResult]) -> asyncio.Future[None] | None:
+        """Wake the queues of ``results`` once they are durable (now, in async flush mode);
+        return the group commit to wait for, or None."""
         durable = self._store.durable_together()
         if durable is None:
-            self._wake(res.topic, res.queue_id)
-            return receipt, None
+            for res in results:
+                self._wake(res.topic, res.queue_id)
+            return None
         woken = self._woken_by.get(durable)
         if woken is None:
             woken = self._woken_by[durable] = set()
             durable.add_done_callback(self._wake_all)
-        woken.add((res.topic, res.queue_id))
-        return receipt, durable
+        for res in results:
+            woken.add((res.topic, res.queue_id))
+        return durable
 
     def _wake_all(self, durable: asyncio.Future[None]) -> None:
         woken = self._woken_by.pop(durable)

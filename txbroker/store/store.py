@@ -281,13 +281,10 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
         except (OSError, StoreFailed) as e:
             raise StoreFailed(f"append refused, nothing was written: {e}") from e
         first = self.log.write_pos
-        out: list[AppendResult] = []
         try:
-            for p in batch:
-                out.append(self._write(p, queues))
+            return self._write(batch, queues)
         except (OSError, StoreFailed) as e:
             self._fail_write(e, first)
-        return out
 
     def _reserve(self, batch: Sequence[_Prepared]) -> dict[tuple[str, int], ConsumeQueue]:
         """Create the files ``batch`` will be written to (see :meth:`_write_all`); return its
@@ -315,22 +312,28 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
         self.index.reserve(entries, phys)
         return queues
 
-    def _write(self, p: _Prepared, queues: dict[tuple[str, int], ConsumeQueue]) -> AppendResult:
-        topic, tb, body, qid, flags, born, props, props_b, mid = p
-        key = (topic, qid)
-        cq = queues[key]
-        qoff = cq.max_offset
+    def _write(
+        self, batch: Sequence[_Prepared], queues: dict[tuple[str, int], ConsumeQueue]
+    ) -> list[AppendResult]:
+        """Write the reserved records, each to the log, its consume queue and the key index.
+        One clock reading stamps the batch, and what does not change from record to record is
+        looked up once: this is the append hot path, where every message's cost passes."""
         store_ms = time.time_ns() // 1_000_000
-        phys, size = self.log.append(
-            tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
-        )
-        if self.queues.get(key) is not cq:
-            self.queues[key] = cq
-        dispatch(
-            cq, self.index, props, phys, size, qoff, store_ms, to_index=flags & _UNINDEXED == 0
-        )
-        self._dirty_queues.add(cq)
-        return AppendResult(topic, qid, qoff, phys, size, mid, store_ms)
+        append = self.log.append
+        index = self.index
+        known = self.queues
+        out: list[AppendResult] = []
+        for topic, tb, body, qid, flags, born, props, props_b, mid in batch:
+            key = (topic, qid)
+            cq = queues[key]
+            qoff = cq.max_offset
+            phys, size = append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
+            if known.get(key) is not cq:
+                known[key] = cq
+            dispatch(cq, index, props, phys, size, qoff, store_ms, to_index=not flags & _UNINDEXED)
+            out.append(AppendResult(topic, qid, qoff, phys, size, mid, store_ms))
+        self._dirty_queues.update(queues.values())
+        return out
 
     def _fail_write(self, e: BaseException, first: int) -> NoReturn:
         """A write the reservation made safe failed all the same (an I/O error): part of the
@@ -396,12 +399,16 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
             await self._committer.wait_durable()
         return res
 
-    async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
-        """Append several messages, all or none: every one is validated and every file they
-        need is created before any is written."""
+    def append_batch_nowait(self, msgs: Sequence[Message]) -> list[AppendResult]:
+        """Append several messages, all or none, without waiting for durability: every one is
+        validated and every file they need is created before any is written."""
         self._check_open()
         prepared = [self._prepare(m) for m in msgs]
-        out = self._write_all(prepared) if prepared else []
+        return self._write_all(prepared) if prepared else []
+
+    async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
+        """:meth:`append_batch_nowait`, answered once the batch is durable in sync mode."""
+        out = self.append_batch_nowait(msgs)
         if self._sync and out:
             assert self._committer is not None
             await self._committer.wait_durable()
