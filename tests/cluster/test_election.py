@@ -182,3 +182,40 @@ async def test_watch_leader_follows_every_change(coordinators: list[EtcdCoordina
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
+
+
+async def test_many_candidates_take_turns_one_leader_at_a_time(
+    coordinators: list[EtcdCoordinator],
+) -> None:
+    """Four candidates on two sessions campaign, lead briefly and resign, twelve terms in all:
+    whenever one is elected no other believes it leads, and epochs only grow."""
+    candidates = [Candidate.of(coordinators[i % 2], f"c{i}") for i in range(4)]
+    terms: list[tuple[int, bytes]] = []
+    done = asyncio.Event()
+
+    async def take_turns(c: Candidate) -> None:
+        while not done.is_set():
+            await c.election.campaign()
+            others = [o.election.value for o in candidates if o is not c and o.election.is_leader()]
+            assert not others, f"{c.election.value!r} elected while {others} lead"
+            assert c.election.term is not None
+            terms.append((c.election.term.epoch, c.election.value))
+            if len(terms) >= 12:
+                done.set()
+            await c.election.resign()
+
+    tasks = [asyncio.create_task(take_turns(c)) for c in candidates]
+    try:
+        await asyncio.wait_for(done.wait(), EVENT_TIMEOUT_S)
+    finally:
+        for t in tasks:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not [e for e in errors if not isinstance(e, asyncio.CancelledError)]
+    epochs = [epoch for epoch, _ in terms]
+    assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)
+    assert len({value for _, value in terms}) > 1  # turns were shared
+    # A resign() cut short by the cancellation still revoked its lease: the key is gone now,
+    # not a TTL later.
+    assert await coordinators[0].get(KEY) is None

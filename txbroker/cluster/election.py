@@ -277,10 +277,12 @@ class Election:
 
 async def _release(keeper: LeaseKeeper | None, guard: asyncio.Task[None] | None) -> None:
     """End a term's guard and lease (revoked: its key goes now, if etcd can be reached)."""
-    if guard is not None and guard is not asyncio.current_task():
-        await cancel_and_wait(guard)
-    if keeper is not None:
-        await keeper.stop(revoke=True)
+    try:
+        if guard is not None and guard is not asyncio.current_task():
+            await cancel_and_wait(guard)
+    finally:  # also when the release itself is cancelled: the keep-alives must stop
+        if keeper is not None:
+            await keeper.stop(revoke=True)
 
 
 async def watch_leader(

@@ -115,6 +115,7 @@ class LeaseKeeper:
         self.renewed = asyncio.Event()  # set at every answered keep-alive (clear to wait again)
         self._on_lost = on_lost
         self._task: asyncio.Task[None] | None = None
+        self._revoking: asyncio.Future[None] | None = None
 
     @classmethod
     async def grant(
@@ -147,17 +148,30 @@ class LeaseKeeper:
 
     async def stop(self, *, revoke: bool = True) -> None:
         """Stop keeping the lease; ``revoke`` (the default) ends it on etcd now, deleting its keys
-        (best effort: an unreachable etcd lets it expire within its TTL instead)."""
-        if self._task is not None:
-            await cancel_and_wait(self._task)
+        (best effort: an unreachable etcd lets it expire within its TTL instead).
+
+        The keep-alives stop and the revocation starts before the first ``await``, and the
+        revocation is shielded: a ``stop()`` that is itself cancelled (a ``resign()`` in a task
+        being cancelled) still revokes, and at worst the lease lapses within its TTL."""
         if self.state is LeaseState.ENDED:
             return
-        self._move(LeaseState.ENDED)
+        self._move(LeaseState.ENDED)  # first: the loop ends at its next step whatever follows
+        if self._task is not None:
+            self._task.cancel()
         if revoke:
-            try:
-                await self.coordinator.revoke_lease(self.lease)
-            except CoordinationError as e:
-                log.warning("lease %x not revoked (it expires by itself): %s", self.lease.id, e)
+            self._revoking = asyncio.ensure_future(self._revoke())
+        try:
+            if self._task is not None:
+                await cancel_and_wait(self._task)
+        finally:
+            if self._revoking is not None:
+                await asyncio.shield(self._revoking)
+
+    async def _revoke(self) -> None:
+        try:
+            await self.coordinator.revoke_lease(self.lease)
+        except CoordinationError as e:
+            log.warning("lease %x not revoked (it expires by itself): %s", self.lease.id, e)
 
     async def __aenter__(self) -> Self:
         if self._task is None:
@@ -180,6 +194,8 @@ class LeaseKeeper:
         self.state = to
 
     def _lose(self, reason: str) -> None:
+        if self.state is not LeaseState.KEEPING:  # stopped meanwhile: nothing is lost
+            return
         self._move(LeaseState.LOST)
         self.lost_reason = reason
         log.warning("lease %x lost: %s", self.lease.id, reason)
@@ -193,7 +209,7 @@ class LeaseKeeper:
     async def _run(self) -> None:
         next_at_s = self.last_renewed_s + self.interval_s
         failures: list[str] = []
-        while True:
+        while self.state is LeaseState.KEEPING:
             now = time.monotonic()
             if now >= self.valid_until_s:
                 why = "; ".join(failures[-3:]) or "no keep-alive was due in time"

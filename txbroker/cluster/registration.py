@@ -79,7 +79,7 @@ class Registration:
     async def start(self) -> None:
         """Register now; raises when etcd cannot be reached (a process should not start as if
         it were registered)."""
-        await self._register()
+        await self._register(RegistrationState.UNREGISTERED)
 
     async def update(self, value: bytes) -> None:
         """Change the value, under the same lease (a value put while re-registering is used)."""
@@ -88,27 +88,34 @@ class Registration:
             await self.coordinator.put(self.key, value, lease=self._keeper.lease)
 
     async def stop(self) -> None:
-        if self._again is not None:
-            await cancel_and_wait(self._again)
-            self._again = None
-        keeper, self._keeper = self._keeper, None
+        """Unregister: the lease is revoked, so the key goes now (within the TTL when etcd
+        cannot be reached, or when this call is cancelled midway)."""
         if self.state is not RegistrationState.UNREGISTERED:
             self._move(RegistrationState.UNREGISTERED)
-        if keeper is not None:
-            await keeper.stop(revoke=True)
+        again, self._again = self._again, None
+        try:
+            if again is not None:
+                await cancel_and_wait(again)
+        finally:
+            keeper, self._keeper = self._keeper, None
+            if keeper is not None:
+                await keeper.stop(revoke=True)
 
     def _move(self, to: RegistrationState) -> None:
         if to not in _TRANSITIONS[self.state]:
             raise AssertionError(f"registration {self.key}: {self.state.name} -> {to.name}")
         self.state = to
 
-    async def _register(self) -> None:
+    async def _register(self, from_state: RegistrationState) -> None:
         keeper = await LeaseKeeper.grant(self.coordinator, self.ttl_s, on_lost=self._lost)
         try:
             await self.coordinator.put(self.key, self.value, lease=keeper.lease)
         except BaseException:
             await keeper.stop(revoke=True)
             raise
+        if self.state is not from_state:  # stopped meanwhile
+            await keeper.stop(revoke=True)
+            return
         self._keeper = keeper
         self.registrations += 1
         self._move(RegistrationState.REGISTERED)
@@ -127,7 +134,7 @@ class Registration:
                 await old.stop(revoke=True)
         while self.state is RegistrationState.REREGISTERING:
             try:
-                await self._register()
+                await self._register(RegistrationState.REREGISTERING)
             except CoordinationError as e:
                 log.info("registering %s again: %s", self.key, e)
                 await asyncio.sleep(RETRY_INTERVAL_S)  # a back-off, not a synchronisation
