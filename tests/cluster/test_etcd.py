@@ -131,7 +131,8 @@ async def test_watch_sees_deletes_and_a_compacted_revision_is_an_error(
 
 async def test_lease_expiry_deletes_its_keys(coordinator: EtcdCoordinator) -> None:
     lease = await coordinator.grant_lease(1)
-    assert lease.ttl_s >= 1  # etcd 3.4 raises 1 s to its minimum, 2 s
+    # etcd raises 1 s to its minimum: 1.5 election timeouts (1 s by default), rounded up.
+    assert lease.ttl_s == 2
     await coordinator.put("/txb/l/a", b"", lease=lease)
     created = await coordinator.create("/txb/l/b", b"", lease=lease)
     assert created is not None
@@ -159,6 +160,8 @@ async def test_revoke_deletes_keys_at_once(coordinator: EtcdCoordinator) -> None
     got = await coordinator.get("/txb/r/a")
     assert got is not None
     assert await coordinator.put_if_revision("/txb/r/a", b"2", got.mod_revision, lease=lease)
+    again = await coordinator.get("/txb/r/a")
+    assert again is not None and again.lease_id == lease.id
     await coordinator.revoke_lease(lease)
     assert await coordinator.get("/txb/r/a") is None
     with pytest.raises(LeaseExpired, match="expired or was revoked"):
