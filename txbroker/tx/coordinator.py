@@ -248,8 +248,10 @@ class TxCoordinator:
         """``answer`` once what was just appended for ``tx`` is durable: at once in async flush
         mode, else a future the group commit resolves. The bookkeeping (``on_durable``, or
         ``on_lost`` if the store failed) hangs on the group commit itself, never on whoever
-        waits for the answer: a client that disconnects cancels its answer, not the outcome."""
-        durable = self._store.durable()
+        waits for the answer: a client that disconnects cancels its answer, not the outcome.
+        The group commit's future is shared with every append until it starts (whoever waits
+        on ``tx.pending`` shields it or uses ``asyncio.wait``, so none cancels it)."""
+        durable = self._store.durable_together()
         if durable is None:  # async flush: written is as good as it gets
             on_durable(tx)
             return answer
