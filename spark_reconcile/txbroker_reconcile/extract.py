@@ -78,7 +78,10 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
             "log", reduce(DataFrame.unionByName, logs).withColumn("run", run)
         )
         state.advance_log(spark)
-        read = _counts(spark.read.parquet(str(state.folder("log"))), "broker_group")
+        if len(out.log_groups) == 1:  # one log: what was read is its count, no job to run
+            read = {opts.log_specs[0].group: out.log_records}
+        else:
+            read = _counts(spark.read.parquet(str(state.folder("log"))), "broker_group")
         for group, info in out.log_groups.items():
             info["read_this_run"] = read.get(group, 0)
         say(f"read {out.log_records:,} log records from {out.log_segments} segment file(s)")

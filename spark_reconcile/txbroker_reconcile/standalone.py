@@ -137,6 +137,11 @@ class StandaloneCluster:
             "SPARK_LOCAL_IP": self.host,
             "SPARK_LOCAL_DIRS": str(self.dir / "local"),
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            # A port taken meanwhile fails the start (naming the log) instead of Spark moving
+            # to the next port, where nothing would look for the master or its web UI.
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(
+                (os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""), "-Dspark.port.maxRetries=0")
+            ).strip(),
             "PYSPARK_PYTHON": self.python,
         }
 

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,9 +41,10 @@ from txbroker_sdk.schema import upgrade
 
 GROUPS = ("g1", "g2")
 ORDERS_PER_GROUP, AUDITS_PER_GROUP = 4, 2
-# A job takes 40-100 s on a loaded 2-core machine (each of its dozens of small stages is
-# scheduled through the master and the worker); the bound leaves a slow CI runner room.
-JOB_TIMEOUT_S = 400
+# A job takes 50-80 s on a loaded 2-core machine (a fresh executor JVM each time, and each of
+# its dozens of small stages scheduled through the master and the worker); the bound leaves a
+# slow CI runner room, inside pytest's 300 s per test (which the fixtures' 25 s share).
+JOB_TIMEOUT_S = 240
 
 
 @dataclass(frozen=True)
@@ -214,3 +216,20 @@ def test_a_cluster_that_does_not_come_up_names_the_log_and_leaves_nothing(
     assert str(tmp_path / "spark" / "master.log") in str(e.value)
     assert c.pids() == []
     assert (tmp_path / "spark" / "master.log").exists()  # kept, to be read
+
+
+def test_a_master_port_taken_fails_the_start_at_once_naming_the_log(
+    spark_jars: list[str], tmp_path: Path
+) -> None:
+    """Spark would move to the next port, where nothing looks for the master: it is told not
+    to, and the master's exit is reported without waiting out the start's bound."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        c = StandaloneCluster(tmp_path / "spark", port=taken.getsockname()[1])
+        started = time.monotonic()
+        with pytest.raises(CannotRun, match="the Spark master exited") as e:
+            c.start()
+    assert time.monotonic() - started < 30
+    assert f"its log, {tmp_path / 'spark' / 'master.log'}, ends" in str(e.value)
+    assert c.pids() == []
