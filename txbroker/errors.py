@@ -27,6 +27,10 @@ The tree, with the behaviour each category carries as class attributes::
     │   ├── HandshakeTimeout      no HELLO within the deadline, or pushed out by newer ones
     │   ├── IdleTimeout           an authenticated connection sent nothing for too long
     │   └── RateLimited           more frames a second than the broker allows one connection
+    ├── ReplicationError          master/slave replication of the commit log
+    │   ├── NotMaster             a write sent to a slave: the error names the master
+    │   └── ReplicationTimeout    too few slaves acknowledged a write in time (it is stored
+    │                             on the master and may still be delivered)
     ├── CoordinationError         the coordination store (etcd) failed or refused a request
     │   ├── CoordinatorUnavailable  no endpoint answered within the deadline (retriable)
     │   └── LeaseExpired          the lease is gone (expired or revoked); its keys with it
@@ -60,8 +64,11 @@ __all__ = [
     "LeaseExpired",
     "MessageTooLarge",
     "NotFound",
+    "NotMaster",
     "ProtocolError",
     "RateLimited",
+    "ReplicationError",
+    "ReplicationTimeout",
     "StaleGeneration",
     "StoreClosed",
     "StoreError",
@@ -180,6 +187,25 @@ class IdleTimeout(ConnectionLimit):
 
 class RateLimited(ConnectionLimit):
     code = "RATE_LIMITED"
+
+
+class ReplicationError(TxbError):
+    code = "REPLICATION_ERROR"
+
+
+class NotMaster(ReplicationError):
+    """A write (send, transaction, topic change) sent to a slave broker, which only follows
+    its master's log; the message names the master to send it to."""
+
+    code = "NOT_MASTER"
+
+
+class ReplicationTimeout(ReplicationError):
+    """With sync replication, fewer than ``min_insync`` slaves reported the write flushed
+    within the replication timeout. The write is in the master's log: it may still reach the
+    slaves and be delivered, so resend only with an idempotency key."""
+
+    code = "REPLICATION_TIMEOUT"
 
 
 class CoordinationError(TxbError):

@@ -21,6 +21,7 @@ from txbroker.protocol.messages import (
     LeaveRequest,
     NackRequest,
     PullRequest,
+    ReplFetchRequest,
     SendBatchRequest,
     SendRequest,
     TopicCreate,
@@ -56,6 +57,7 @@ REQUESTS: dict[int, Any] = {
     Opcode.TX_RESOLVE: TxResolveRequest("tx1", "commit"),
     Opcode.DLQ_LIST: DlqRequest("g"),
     Opcode.DLQ_REDRIVE: DlqRequest("g"),
+    Opcode.REPL_FETCH: ReplFetchRequest("slave", 0, 0),
 }
 P, C, R, A = Role.PRODUCE, Role.CONSUME, Role.READ, Role.ADMIN
 # Which single role (on orders.*) lets each request through.
@@ -80,6 +82,7 @@ ALLOWED: dict[int, set[Role]] = {
     Opcode.TX_RESOLVE: set(),
     Opcode.DLQ_LIST: {R},
     Opcode.DLQ_REDRIVE: set(),  # admin on * only
+    Opcode.REPL_FETCH: set(),  # admin on * only: a slave reads the whole log
 }
 
 
@@ -103,7 +106,7 @@ def test_each_role_on_a_pattern_is_allowed_exactly_what_the_table_says(opcode: i
             with pytest.raises(Forbidden):  # the right role on another topic is no role
                 access.check(elsewhere, opcode, req)
     admin_here = Principal("ops", frozenset({A}), ("orders.*",))
-    if opcode == Opcode.DLQ_REDRIVE:
+    if opcode in (Opcode.DLQ_REDRIVE, Opcode.REPL_FETCH):
         with pytest.raises(Forbidden, match=r"every topic \(\*\)"):
             access.check(admin_here, opcode, req)
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from txbroker.cli.common import Subparsers, non_negative, positive, run
+from txbroker.cli.serve_replication import add_replication_flags, replication_flags
 from txbroker.runtime.tracing import setup_tracing
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def register(sub: Subparsers) -> None:
         help="how long one check may take (TXB_CHECK_TIMEOUT_MS; default 3000)",
     )
     _connection_flags(sv)
+    add_replication_flags(sv)
     _security_flags(sv)
     _retention_flags(sv)
     sv.set_defaults(func=_serve)
@@ -264,6 +266,7 @@ def config_from_args(
         ),
         "retention_bytes": args.retention_bytes,
         "retention_check_interval_ms": args.retention_check_interval_ms,
+        **replication_flags(args),
     }
     if config_file is None and args.config:
         config_file = Path(args.config)

@@ -74,6 +74,7 @@ class Opcode(enum.IntEnum):
     TX_RESOLVE = 54  # operator: commit, rollback or resume checking
     DLQ_LIST = 60
     DLQ_REDRIVE = 61
+    REPL_FETCH = 80  # a slave fetches the master's commit log by offset (replication)
 
 
 KNOWN_OPCODES: Final = frozenset(int(o) for o in Opcode)

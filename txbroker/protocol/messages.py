@@ -28,6 +28,8 @@ __all__ = [
     "PullRequest",
     "PullResponse",
     "PulledMessage",
+    "ReplFetchRequest",
+    "ReplFetchResponse",
     "QueueLag",
     "QueueOffsets",
     "QueuePosition",
@@ -321,6 +323,28 @@ class Empty(msgspec.Struct, frozen=True):
     pass
 
 
+class ReplFetchRequest(msgspec.Struct, frozen=True):
+    """A slave asks for the master's commit log from ``from_offset`` (its own end) and reports
+    how far its own log is flushed (the master's sync replication waits on that)."""
+
+    replica: str  # the slave's stable name (its data directory's id), one entry per slave
+    from_offset: int  # physical offset the answer starts at: the end of the slave's log
+    flushed_offset: int  # the slave's log is durable below this offset
+    max_bytes: int = 1 << 20  # bound on data (one record larger than this comes whole)
+    wait_ms: int = 1_000  # hold the request this long when nothing new is flushed
+
+
+class ReplFetchResponse(msgspec.Struct, frozen=True):
+    """Raw commit-log bytes [offset, offset + len(data)), whole records, all flushed on the
+    master. ``next_offset`` is where the next fetch starts: past ``data``, or the next
+    segment's start when ``data`` ends the segment (its BLANK filler included)."""
+
+    offset: int
+    data: bytes
+    next_offset: int
+    master_flushed: int  # the master's flushed offset when answering (the slave's lag)
+
+
 REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.HELLO: Hello,
     Opcode.PING: Empty,
@@ -343,6 +367,7 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_SHOW: TxId,
     Opcode.TX_RESOLVE: TxResolveRequest,
     Opcode.OFFSETS: GroupsRequest,
+    Opcode.REPL_FETCH: ReplFetchRequest,
 }
 
 RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
@@ -367,6 +392,7 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_SHOW: TxInfo,
     Opcode.TX_RESOLVE: TxEndResponse,
     Opcode.OFFSETS: GroupsResponse,
+    Opcode.REPL_FETCH: ReplFetchResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()

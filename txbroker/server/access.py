@@ -20,6 +20,8 @@ it needs; the connection stays open. Listings are filtered to the topics the tok
     TX_RESOLVE                             admin on the transaction's topic
     DLQ_REDRIVE                            admin on every topic (``*``): a group's dead letters
                                            go back to whatever topics they came from
+    REPL_FETCH                             admin on every topic (``*``): a slave reads the
+                                           whole log
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class Access:
                 _need(who, opcode, (role,), topic)
         elif opcode == Opcode.TOPIC_LIST:
             _need_role(who, opcode, ANY_ROLE)
-        elif opcode == Opcode.DLQ_REDRIVE:
+        elif opcode in (Opcode.DLQ_REDRIVE, Opcode.REPL_FETCH):
             _need(who, opcode, (A,), None)
         elif opcode != Opcode.PING:
             raise Forbidden(f"{_op(opcode)} is not allowed for token {who.name!r}")

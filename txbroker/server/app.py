@@ -33,6 +33,9 @@ from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
+from txbroker.server.replication import ReplicaTracker
+from txbroker.server.replication import install as install_replication
+from txbroker.server.replicator import Replicator, replica_name
 from txbroker.server.retry import RetryService
 from txbroker.server.tlslisten import TlsListener
 from txbroker.server.topics import TopicRegistry
@@ -83,6 +86,10 @@ class BrokerServer:
         self.admission: Admission | None = None
         self.access: Access | None = None
         self.port = 0
+        # Replication (replication.py): a slave follows replica_of's log and refuses writes.
+        self.replication = config.replication_settings()
+        self.replicas: ReplicaTracker | None = None  # master: its slaves' flushed offsets
+        self.replicator: Replicator | None = None  # slave: the task following the master
 
     async def start(self) -> None:
         cfg = self.config
@@ -106,6 +113,10 @@ class BrokerServer:
         # Before retention deletes a segment, open transactions' halves are copied out of it
         # (the mover refuses until the transactions are recovered, so none is lost meanwhile).
         self.store.retention_hook = self._halves = HalfMover(self.store)
+        slave = self.replication.replica_of
+        if slave is not None:  # its log is the master's: no write of its own, no copies
+            self.store.follow(slave)
+            self.store.retention_hook = None
         self.topics.adopt_fences(self.store.fences.as_dict())  # as recovery left them
         self.groups.load()
         self.groups.prune(self.topics.exists)
@@ -114,7 +125,8 @@ class BrokerServer:
             self.store, self.topics, cfg.data_dir / "meta", notifier.notify
         )
         self.scheduler.load()
-        self.scheduler.start()
+        if slave is None:  # a slave's delayed messages are moved by its master
+            self.scheduler.start()
         producer = Producer(
             self.store,
             self.topics,
@@ -141,8 +153,9 @@ class BrokerServer:
             ),
             notifier.notify,
         )
-        await self.tx.recover()
-        self._halves.start(self.tx)
+        if slave is None:  # transactions are the master's (back-checks, recovery copies)
+            await self.tx.recover()
+            self._halves.start(self.tx)
         self.checker = BackChecker(
             self.tx,
             CheckSettings(
@@ -160,7 +173,8 @@ class BrokerServer:
             ),
         )
         self.tx.on_prepared = self.checker.schedule
-        self.checker.start()
+        if slave is None:
+            self.checker.start()
         admin = self._admin = Admin(self.store, self.topics, self.groups)
         deletion = TopicDeletion(self.store, self.topics, self.groups, notifier, self.tx)
         deletion.forget_fences()
@@ -168,6 +182,7 @@ class BrokerServer:
             admin, self.topics, producer, self.consumer, retry, self.tx, deletion
         )
         direct = build_direct_handlers(self.tx, producer)
+        self.replicas = install_replication(self.replication, self.store, handlers, direct)
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
@@ -248,6 +263,16 @@ class BrokerServer:
         await self._http.start()
         self.http_port = self._http.port
         _warn_if_exposed(cfg, access, self.port, self.http_port)
+        if slave is not None:
+            self.replicator = Replicator(
+                self.store,
+                self.topics,
+                slave,
+                replica_name(cfg.data_dir / "meta"),
+                notifier.notify,
+                cfg.auth_token,
+            )
+            self.replicator.start()
         for route in extra:
             if isinstance(route, Mount) and route.name:
                 scheme = "https" if tls is not None else "http"
@@ -305,10 +330,11 @@ class BrokerServer:
         """Expire silent group members, sample the rates operators see and persist committed
         offsets, once a second; copy old open half messages forward now and then."""
         ticks = 0
+        is_slave = self.replication.slave  # a slave copies nothing forward: its master does
         while True:
             await asyncio.sleep(1)
             ticks += 1
-            if self._halves is not None and ticks % COMPACT_INTERVAL_S == 0:
+            if self._halves is not None and ticks % COMPACT_INTERVAL_S == 0 and not is_slave:
                 try:
                     await self._halves.compact()
                 except Exception:  # the next round retries; the log says why
@@ -330,6 +356,8 @@ class BrokerServer:
 
     async def stop(self) -> None:
         """Stop accepting, answer what is in flight (bounded), flush and close the store."""
+        if self.replicator is not None:
+            await self.replicator.stop()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 from txbroker.errors import InvalidArgument
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
+from txbroker.server.replication import ReplicationSettings
 from txbroker.server.retry import DEFAULT_RETRY_DELAYS_MS
 from txbroker.server.tokens import TokenEntry, TokenTable, parse_tokens
 from txbroker.store import FlushMode
@@ -96,6 +97,13 @@ class ServerConfig:
     # summary.json to (its --out, or a parent of dated --out folders).
     trace_url: str | None = None
     reconcile_reports: Path | None = None
+    # Replication (issue 22 item 4; read together as ReplicationSettings, replication.py):
+    # the master this broker follows as a slave; what a master's writes wait for (sync:
+    # min_insync slaves flushed them, at most replication_timeout_ms; async: its own flush).
+    replica_of: str | None = None
+    replication: str = "async"
+    min_insync: int = 1
+    replication_timeout_ms: int = 5_000
 
     @classmethod
     def build(
@@ -159,6 +167,13 @@ class ServerConfig:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key (TLS itself)")
         self._check_connection_limits()
+        self.replication_settings()  # raises InvalidArgument on a bad value
+
+    def replication_settings(self) -> ReplicationSettings:
+        """The replication settings, read as one (``txbroker.server.replication``)."""
+        return ReplicationSettings(
+            self.replica_of, self.replication, self.min_insync, self.replication_timeout_ms
+        )
 
     def _check_retention(self) -> None:
         if self.retention_ms < 0:
@@ -242,6 +257,8 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "retention_ms",
             "retention_bytes",
             "retention_check_interval_ms",
+            "min_insync",
+            "replication_timeout_ms",
         ):
             if name in out and out[name] is not None:
                 try:

@@ -257,6 +257,66 @@ class CommitLog:
             self._buf.clear()
         self._buf_start = self.write_pos
 
+    # --- replication ----------------------------------------------------------------------
+
+    def read_raw(self, start: int, limit: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole records from ``start`` (a record boundary) up to ``limit`` (the flushed
+        offset), at most ``max_bytes`` unless the first record alone is larger; and where the
+        next read starts. A segment's end is sent as it is on disk (its BLANK filler, or the
+        few zero bytes too small for one) with the next segment's start as the next offset,
+        so a replica writing the bytes verbatim rolls its segments at the same offsets."""
+        if start >= limit:
+            return b"", start
+        seg = self.segment_for(start)
+        mm, base = seg.mm, seg.base
+        seg_end = base + seg.size
+        end = min(limit, seg_end)
+        pos = start
+        while pos < end:
+            if seg_end - pos < SIZE_MAGIC.size:
+                return bytes(mm[start - base : pos - base]), seg_end  # zeros: the segment is done
+            total, magic = SIZE_MAGIC.unpack_from(mm, pos - base)
+            if magic == MAGIC_BLANK:
+                return bytes(mm[start - base : pos - base + SIZE_MAGIC.size]), seg_end
+            if seg_end - pos < HEADER.size:
+                return bytes(mm[start - base : pos - base]), seg_end
+            if magic != MAGIC_MESSAGE or total < HEADER.size or pos + total > end:
+                raise CorruptLog(f"no record at flushed offset {pos} (magic 0x{magic:08x})")
+            if pos > start and pos + total - start > max_bytes:
+                break
+            pos += total
+        return bytes(mm[start - base : pos - base]), pos
+
+    def append_raw(self, phys: int, data: bytes, next_phys: int) -> None:
+        """Write records another log holds at the same offsets (a replica following its
+        master, see ``read_raw``): ``data`` goes at ``phys``, the end of this log, and when
+        ``next_phys`` is past it, the next segment starts there. The caller has verified the
+        records; nothing else appends to a replica's log."""
+        self.write_buffer()  # empty on a replica; keeps the buffer's invariant all the same
+        active = self.segments[-1]
+        seg_end = active.base + active.size
+        if phys != self.write_pos or phys + len(data) > seg_end:
+            raise InvalidOffset(
+                f"replicated bytes [{phys}, {phys + len(data)}) do not continue this log "
+                f"(end {self.write_pos}, segment ends at {seg_end}): the master's segments "
+                "must be as large as this broker's (--segment-mib)"
+            )
+        if data:
+            _pwrite_all(active.fd, data, phys - active.base)
+            self.write_pos = self._buf_start = phys + len(data)
+        if next_phys > self.write_pos:
+            if next_phys != seg_end:
+                raise InvalidOffset(
+                    f"the master's next segment starts at {next_phys}, this broker's at "
+                    f"{seg_end}: give both the same --segment-mib"
+                )
+            seg = self._next_segment(0)
+            self._ready.pop(0)
+            self._add(seg)
+            self.write_pos = self._buf_start = seg.base
+            if not self._ready and self._prealloc is None:
+                self._start_prealloc(seg.base + seg.size)
+
     # --- read -----------------------------------------------------------------------------
 
     def read_inline(self, phys: int) -> bytes:

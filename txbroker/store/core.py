@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from txbroker.errors import StoreClosed
 from txbroker.store.checkpoint import ShutdownMarker, TailCut
@@ -24,6 +25,9 @@ from txbroker.store.fences import Fences
 from txbroker.store.flush import GroupCommitter
 from txbroker.store.keyindex import KeyIndex
 from txbroker.store.recovery import RecoveryReport
+
+if TYPE_CHECKING:
+    from txbroker.store.replica import ReplicationGate
 
 __all__ = ["StoreCore", "StoreState"]
 
@@ -68,6 +72,9 @@ class StoreCore:
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self._max_body = config.max_body_bytes
+        # Sync replication (txbroker.store.replica): None unless the broker installs one, so
+        # a store without replicas waits on the group commit alone, as before.
+        self.replication_gate: ReplicationGate | None = None
 
     def _transition(self, to: StoreState) -> None:
         if to not in _ALLOWED[self._state]:

@@ -62,6 +62,9 @@ class GroupCommitter:
         self.failure: StoreFailed | None = None
         # Called once, when the first failure is set (the store records where to cut the log).
         self.on_failure: Callable[[], None] = lambda: None
+        # Called with the new flushed offset after each group (replication's long-polled
+        # fetches wake on it); None unless a slave has asked, so no call is made otherwise.
+        self.on_flushed: Callable[[int], None] | None = None
         # Statistics for benchmarks and metrics.
         self.fsync_count = 0
         self.fsync_records = 0
@@ -208,6 +211,8 @@ class GroupCommitter:
         for w in group.waiters:
             if not w.done():
                 w.set_result(None)
+        if self.on_flushed is not None:
+            self.on_flushed(self.flushed)
 
     def poison(self, failure: StoreFailed) -> None:
         """Fail every waiter and refuse further syncs (the store hit an unrecoverable error)."""

@@ -19,7 +19,7 @@ import msgspec
 
 from txbroker.errors import CorruptLog
 from txbroker.store.checkpoint import Checkpoint, queue_key, read_checkpoint
-from txbroker.store.commitlog import CommitLog, ScanEnd
+from txbroker.store.commitlog import CommitLog, ScanEnd, ScannedRecord
 from txbroker.store.consumequeue import ConsumeQueue, tag_hash
 from txbroker.store.fences import Fences
 from txbroker.store.keyindex import KeyIndex, KeyKind
@@ -33,7 +33,7 @@ from txbroker.store.record import (
     RecordFlag,
 )
 
-__all__ = ["Phase", "RecoveryReport", "recover"]
+__all__ = ["Phase", "RecoveryReport", "live_targets", "recover", "replay"]
 
 _CUT: Final = "cut: not acknowledged"
 
@@ -105,6 +105,47 @@ def dispatch(
         ix = props.get(PROP_INTERNAL_KEY)
         if ix:
             index.add(KeyKind.INTERNAL, ix, phys, store_ms)
+
+
+def replay(
+    rec: ScannedRecord,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    index: KeyIndex,
+    cq_root: Path,
+    cq_per_file: int,
+    fences: Fences,
+    to_queue: bool,
+    to_index: bool,
+) -> ConsumeQueue:
+    """Dispatch one record read back from the log (a recovery scan, or bytes a replica
+    received from its master, see ``replica.py``): its queue, created if new, and the key
+    index; returns the queue."""
+    qkey = (rec.topic, rec.queue_id)
+    cq = queues.get(qkey)
+    if cq is None:
+        start = fences.start(*qkey)
+        cq = queues[qkey] = ConsumeQueue(cq_root, *qkey, cq_per_file, start)
+    props = _props_decoder.decode(rec.props) if rec.props else {}
+    dispatch(
+        cq,
+        index,
+        props,
+        rec.phys,
+        rec.size,
+        rec.queue_offset,
+        rec.store_ms,
+        to_queue=to_queue,
+        to_index=to_index,
+    )
+    return cq
+
+
+def live_targets(rec: ScannedRecord, fences: Fences) -> tuple[bool, bool]:
+    """(to_queue, to_index) for a record past the checkpoint: what an append did with it.
+    Half messages are not indexed (see store._UNINDEXED); a deleted topic's records get no
+    queue entry."""
+    to_queue = not (fences and fences.is_dead_at(rec.topic, rec.phys))
+    return to_queue, not rec.flags & RecordFlag.TX_HALF
 
 
 def load_queues(root: Path, per_file: int) -> dict[tuple[str, int], ConsumeQueue]:
@@ -222,22 +263,7 @@ def recover(
         to_index = (past_cp or rebuild_index) and not rec.flags & RecordFlag.TX_HALF
         if not (to_queue or to_index):
             continue
-        cq = queues.get(qkey)
-        if cq is None:
-            start = fences.start(*qkey)
-            cq = queues[qkey] = ConsumeQueue(cq_root, *qkey, cq_per_file, start)
-        props = _props_decoder.decode(rec.props) if rec.props else {}
-        dispatch(
-            cq,
-            index,
-            props,
-            rec.phys,
-            rec.size,
-            rec.queue_offset,
-            rec.store_ms,
-            to_queue=to_queue,
-            to_index=to_index,
-        )
+        replay(rec, queues, index, cq_root, cq_per_file, fences, to_queue, to_index)
         n += 1
     rep.records_replayed = n
     end, reason = end_out[-1]

@@ -28,7 +28,13 @@ from typing import Final, NoReturn, TypeAlias
 
 import msgspec
 
-from txbroker.errors import InvalidArgument, MessageTooLarge, StoreFailed, StoreLocked
+from txbroker.errors import (
+    InvalidArgument,
+    MessageTooLarge,
+    NotMaster,
+    StoreFailed,
+    StoreLocked,
+)
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.names import validate_topic
 from txbroker.store.checkpoint import write_checkpoint
@@ -54,6 +60,7 @@ from txbroker.store.record import (
     encode_properties,
 )
 from txbroker.store.recovery import dispatch, load_queues, recover
+from txbroker.store.replica import StoreReplication
 
 __all__ = ["AppendResult", "MessageStore"]
 
@@ -81,7 +88,7 @@ class AppendResult(msgspec.Struct, frozen=True, gc=False):
     store_timestamp_ms: int
 
 
-class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
+class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication):
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
@@ -398,7 +405,10 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
             )
 
     def durable(self) -> asyncio.Future[None] | None:
-        """In sync mode, a future resolved when everything appended so far is on disk."""
+        """In sync mode, a future resolved when everything appended so far is on disk. With a
+        replication gate (sync replication), when enough replicas have flushed it too."""
+        if self.replication_gate is not None:
+            return self.replication_gate.covering(self.log.write_pos)
         if not self._sync:
             return None
         assert self._committer is not None
@@ -406,7 +416,10 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
 
     def durable_together(self) -> asyncio.Future[None] | None:
         """:meth:`durable`, one future shared by every caller until the next group commit
-        starts (``GroupCommitter.durable_together``): add callbacks to it, never cancel it."""
+        starts (``GroupCommitter.durable_together``): add callbacks to it, never cancel it.
+        With a replication gate, the gate's (shared) future for the end of the log."""
+        if self.replication_gate is not None:
+            return self.replication_gate.covering(self.log.write_pos)
         if not self._sync:
             return None
         assert self._committer is not None
@@ -414,7 +427,9 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
 
     async def append(self, msg: Message) -> AppendResult:
         res = self.append_nowait(msg)
-        if self._sync:
+        if self.replication_gate is not None:  # shared with other writers: shielded
+            await asyncio.shield(self.replication_gate.covering(self.log.write_pos))
+        elif self._sync:
             assert self._committer is not None
             await self._committer.wait_durable()
         return res
@@ -429,10 +444,24 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion):
     async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
         """:meth:`append_batch_nowait`, answered once the batch is durable in sync mode."""
         out = self.append_batch_nowait(msgs)
-        if self._sync and out:
+        if self.replication_gate is not None and out:
+            await asyncio.shield(self.replication_gate.covering(self.log.write_pos))
+        elif self._sync and out:
             assert self._committer is not None
             await self._committer.wait_durable()
         return out
+
+    def follow(self, master: str) -> None:
+        """Make this store a replica of ``master``'s log: from now on only
+        ``append_replicated`` writes to it, and every other append raises ``NotMaster``
+        naming the master (a slave's own write would make its log diverge). Done by shadowing
+        the two append entry points on this instance, so a master's appends pay nothing."""
+
+        def refuse(*_: object) -> NoReturn:
+            raise NotMaster(f"this broker is a slave of {master}: writes go to the master")
+
+        self.append_nowait = refuse  # type: ignore[method-assign, assignment]
+        self.append_batch_nowait = refuse  # type: ignore[method-assign, assignment]
 
     # --- statistics -----------------------------------------------------------------------
 

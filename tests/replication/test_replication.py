@@ -1,0 +1,112 @@
+"""Master → slave replication with real broker processes (docs/cluster.md, "Replication")."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.replication.conftest import Brokers
+from txbroker.errors import NotMaster, ReplicationTimeout
+from txbroker.store import KeyKind, MessageStore, StoreConfig
+from txbroker_sdk import Client, Consumer
+
+N = 400
+BODY = 16 * 1024  # 400 x 16 KiB: past one 5 MiB segment
+
+
+def _body(i: int) -> bytes:
+    return f"m{i:06d}".encode().ljust(BODY, b".")
+
+
+async def _consume_all(url: str, topic: str, want: set[bytes], timeout_s: float = 60) -> None:
+    """Long-poll the slave until every body in ``want`` arrived (bounded)."""
+    seen: set[bytes] = set()
+    async with await Client.connect(url) as c, Consumer(c, "audit", topic) as consumer:
+        deadline = time.monotonic() + timeout_s
+        while not want <= seen:
+            assert time.monotonic() < deadline, f"{len(want - seen)} messages never reached it"
+            for m in await consumer.fetch(timeout_ms=1000):
+                seen.add(m.body)
+                m.ack()
+
+
+def _segments(data_dir: Path) -> dict[str, bytes]:
+    """The commit-log segments holding data, by name (empty preallocated ones left out)."""
+    out = {}
+    for p in sorted((data_dir / "store" / "commitlog").iterdir()):
+        if p.name.isdigit():
+            raw = p.read_bytes()
+            if raw.count(0) != len(raw):
+                out[p.name] = raw
+    return out
+
+
+async def test_slave_log_is_byte_identical_and_consumable(brokers: Brokers) -> None:
+    master = brokers.master()
+    slave = brokers.slave(master)
+    async with await Client.connect(master.url) as c:
+        await c.create_topic("orders", queues=4)
+        for i in range(N):
+            await c.send("orders", _body(i), key=f"k{i}")
+    await _consume_all(slave.url, "orders", {_body(i) for i in range(N)})
+    # Writes are the master's: the slave refuses them, naming it.
+    async with await Client.connect(slave.url) as c:
+        with pytest.raises(NotMaster, match=master.url):
+            await c.send("orders", b"not here")
+    slave.stop()
+    master.stop()
+    mine, theirs = _segments(master.data_dir), _segments(slave.data_dir)
+    assert len(mine) == 2, "the log should have rolled into a second segment"
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert mine[name] == theirs[name], f"segment {name} differs"
+
+
+@pytest.mark.slow
+async def test_sync_acked_messages_are_on_the_slaves_disk(brokers: Brokers) -> None:
+    master = brokers.master("master", "--replication", "sync", "--min-insync", "1")
+    slave = brokers.slave(master)
+    acked: list[str] = []
+    async with await Client.connect(master.url) as c:
+        await c.create_topic("pay", queues=2)
+
+        async def produce(p: int) -> None:
+            for i in range(60):
+                key = f"p{p}-{i}"
+                await c.send("pay", key.encode(), key=key)
+                acked.append(key)
+
+        await asyncio.gather(*(produce(p) for p in range(4)))
+        master.kill()  # kill -9 right after the acks: the master flushes nothing more
+    slave.kill()  # and the slave too: only what it had flushed can be found below
+    store = await MessageStore.open(StoreConfig(slave.data_dir / "store"))
+    try:
+        missing = [k for k in acked if not await store.lookup(KeyKind.KEY, k, limit=1)]
+    finally:
+        await store.close()
+    assert len(acked) == 240
+    assert missing == [], f"{len(missing)} acknowledged messages not on the slave: {missing[:5]}"
+
+
+async def test_sync_send_fails_in_bounded_time_without_its_slave(brokers: Brokers) -> None:
+    master = brokers.master("master", "--replication", "sync", "--replication-timeout-ms", "1000")
+    slave = brokers.slave(master)
+    lone = brokers.master("async-master")  # async replication (the default), slave gone too
+    lone_slave = brokers.slave(lone, "async-slave")
+    async with await Client.connect(master.url) as c, await Client.connect(lone.url) as a:
+        await c.create_topic("t", queues=1)
+        await a.create_topic("t", queues=1)
+        await c.send("t", b"while the slave runs")
+        await a.send("t", b"while the slave runs")
+        slave.stop()
+        lone_slave.stop()
+        t0 = time.monotonic()
+        with pytest.raises(ReplicationTimeout, match="0 of the 1 slaves"):
+            await c.send("t", b"no slave to flush it")
+        waited = time.monotonic() - t0
+        assert 0.5 < waited < 5, waited
+        for i in range(20):  # async replication does not wait for slaves
+            await asyncio.wait_for(a.send("t", f"async {i}".encode()), timeout=5)

@@ -1,0 +1,212 @@
+"""The slave's side of replication: follow the master's commit log (see ``replication.py``).
+
+One task, one connection to the master, one request at a time: REPL_FETCH from the end of the
+local log (reporting the local flushed offset), write the answer verbatim at the same offsets
+and replay it (``MessageStore.append_replicated``), fdatasync, wake long polls on the queues
+that grew. The master's topic registry is copied (new topics only) every
+``TOPICS_REFRESH_S`` and whenever a record names a topic the slave does not know. A lost
+connection is retried with a bounded backoff, for as long as the broker runs.
+
+The broker layer may not import the SDK (the layers are independent), so this speaks the wire
+protocol through ``txbroker.protocol`` directly: a few lines for a strictly sequential client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from txbroker.errors import InvalidArgument, ProtocolError, TopicExists, TxbError, error_class
+from txbroker.protocol.codec import FrameDecoder, encode_frame
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import (
+    Empty,
+    Hello,
+    ReplFetchRequest,
+    ReplFetchResponse,
+    TopicInfo,
+    decode_error,
+    decode_response,
+    encode_body,
+)
+from txbroker.server.topics import TopicRegistry
+from txbroker.store import MessageStore
+
+__all__ = ["Replicator", "replica_name"]
+
+log = logging.getLogger(__name__)
+
+FETCH_BYTES: Final = 1 << 20  # per fetch: large enough to amortise a round trip and an fsync
+FETCH_WAIT_MS: Final = 1_000  # the master holds an idle fetch this long (the report's age)
+CONNECT_TIMEOUT_S: Final = 5.0
+# A request's answer must come within its hold time plus this (a dead master, a black hole).
+ANSWER_MARGIN_S: Final = 10.0
+BACKOFF_S: Final = (0.1, 0.2, 0.5, 1.0, 2.0)  # reconnect pauses; the last one repeats
+TOPICS_REFRESH_S: Final = 2.0
+
+
+def replica_name(meta_dir: Path) -> str:
+    """This slave's stable name, kept in ``<data>/meta/replica-id`` (made on first start): the
+    master counts one slave per name, whatever its address."""
+    path = meta_dir / "replica-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        name = uuid.uuid4().hex
+        meta_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(name + "\n")
+        return name
+
+
+def _address(url: str) -> tuple[str, int]:
+    if not url.startswith("txb://"):
+        raise InvalidArgument(f"replica_of must be txb://host:port, got {url!r}")
+    host, sep, port = url.removeprefix("txb://").rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgument(f"replica_of must be txb://host:port, got {url!r}")
+    return host.strip("[]"), int(port)
+
+
+class _Link:
+    """One connection to the master; requests strictly one after another."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder(known_opcodes=False)
+        self._frames: list[Any] = []
+        self._corr = 0
+
+    async def call(self, opcode: int, body: object, timeout_s: float) -> Any:
+        self._corr = (self._corr + 1) & 0xFFFFFFFF
+        self._writer.write(encode_frame(FrameKind.REQUEST, opcode, self._corr, encode_body(body)))
+        async with asyncio.timeout(timeout_s):
+            await self._writer.drain()
+            while True:
+                while self._frames:
+                    frame = self._frames.pop(0)
+                    if frame.corr_id != self._corr:
+                        continue  # an answer to a request given up on: not ours
+                    if frame.kind == FrameKind.ERROR:
+                        err = decode_error(frame.body)
+                        raise error_class(err.code)(err.message)
+                    return decode_response(opcode, frame.body)
+                data = await self._reader.read(1 << 20)
+                if not data:
+                    raise ConnectionError("the master closed the connection")
+                self._frames.extend(self._decoder.feed(data))
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()
+
+
+class Replicator:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicRegistry,
+        master: str,
+        name: str,
+        notify: Callable[[str, int], None],
+        auth_token: str | None = None,
+    ) -> None:
+        self._store = store
+        self._topics = topics
+        self.master = master
+        self._addr = _address(master)
+        self.name = name
+        self._notify = notify
+        self._token = auth_token
+        self._task: asyncio.Task[None] | None = None
+        self.master_flushed = 0  # as of the last answer (lag = this - the local flushed offset)
+        self.connected = False
+        self.fetches = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="txb-replicator")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionError, TimeoutError, TxbError) as e:
+                self.connected = False
+                self.last_error = f"{type(e).__name__}: {e}"
+                pause = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                failures += 1
+                log.warning(
+                    "replication from %s: %s; again in %.1f s", self.master, self.last_error, pause
+                )
+                if self._store.committer.failure is not None:
+                    log.error("replication stops: the store failed")
+                    return
+                await asyncio.sleep(pause)
+            else:  # pragma: no cover - _follow only returns by raising
+                failures = 0
+
+    async def _follow(self) -> None:
+        host, port = self._addr
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+        link = _Link(reader, writer)
+        try:
+            await link.call(
+                Opcode.HELLO, Hello(f"replica:{self.name}", self._token), CONNECT_TIMEOUT_S
+            )
+            self.connected = True
+            self.last_error = None
+            log.info("replicating %s from offset %d", self.master, self._store.write_offset)
+            await self._copy_topics(link)
+            topics_at = time.monotonic()
+            store = self._store
+            while True:
+                req = ReplFetchRequest(
+                    self.name, store.write_offset, store.flushed_offset, FETCH_BYTES, FETCH_WAIT_MS
+                )
+                resp: ReplFetchResponse = await link.call(
+                    Opcode.REPL_FETCH, req, FETCH_WAIT_MS / 1000 + ANSWER_MARGIN_S
+                )
+                self.fetches += 1
+                self.master_flushed = resp.master_flushed
+                if resp.data or resp.next_offset != resp.offset:
+                    grew = store.append_replicated(resp.offset, resp.data, resp.next_offset)
+                    await store.committer.wait_durable()
+                    if any(not self._topics.exists(t) for t, _ in grew):
+                        await self._copy_topics(link)
+                        topics_at = time.monotonic()
+                    for topic, qid in grew:
+                        self._notify(topic, qid)
+                if time.monotonic() - topics_at > TOPICS_REFRESH_S:
+                    await self._copy_topics(link)
+                    topics_at = time.monotonic()
+        finally:
+            self.connected = False
+            await link.close()
+
+    async def _copy_topics(self, link: _Link) -> None:
+        """Create here the master's topics this slave lacks (consumers pull them by name)."""
+        listed: list[TopicInfo] = await link.call(Opcode.TOPIC_LIST, Empty(), ANSWER_MARGIN_S)
+        for t in listed:
+            if self._topics.exists(t.topic):
+                continue
+            try:
+                self._topics.create(t.topic, t.queues)
+            except (TopicExists, InvalidArgument, ProtocolError) as e:
+                log.warning("replication: cannot copy topic %r: %s", t.topic, e)
