@@ -108,6 +108,7 @@ def test_bench_produce_and_e2e_small(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     med = json.loads(out.stdout)["median"]
     assert med["messages"] == 400 and med["msgs_per_s"] > 0 and med["ack_latency"]["p50_ms"] > 0
+    assert med["broker_cpu_s"] > 0  # the broker's CPU over the run, read from /proc
     out = run_cli(
         "bench",
         "e2e",

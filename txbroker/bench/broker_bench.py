@@ -40,13 +40,40 @@ def broker_process(
     flush: str, data_root: Path | None = None, extra: tuple[str, ...] = ()
 ) -> Iterator[str]:
     """Run `txbroker serve` on free ports; yield its txb:// address."""
+    with _broker(flush, data_root, extra) as broker:
+        yield broker.url
+
+
+@contextlib.contextmanager
+def _broker(
+    flush: str, data_root: Path | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[BrokerProcess]:
     root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
     broker = BrokerProcess(root / "data", "--flush", flush, *extra)
     try:
-        yield broker.start().url
+        yield broker.start()
     finally:
         broker.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live children (the broker and its
+    syncer), from /proc: a figure that does not grow while a process waits for a core, so it
+    compares builds on a busy machine where rates do not. 0.0 where /proc does not say."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for p in (pid, *map(int, children)):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def run_client(coro: Coroutine[Any, Any, T]) -> T:
@@ -238,20 +265,24 @@ def repeat_against_broker(
     extra: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians."""
-    results = []
+    rows = []
     for i in range(runs):
         if progress is not None:
             progress(i, runs)
-        with broker_process(flush, data_root, extra) as url:
-            results.append(one(url))
+        with _broker(flush, data_root, extra) as broker:
+            assert broker.proc is not None
+            cpu0 = cpu_seconds(broker.proc.pid)
+            row = asdict(one(broker.url))  # type: ignore[call-overload]
+            # The broker's CPU over the run (with its syncer), beside the run's own figures.
+            row["broker_cpu_s"] = round(cpu_seconds(broker.proc.pid) - cpu0, 3)
+            rows.append(row)
     if progress is not None:
         progress(runs, runs)
-    return _summary(results)
+    return _summary(rows)
 
 
-def _summary(results: Sequence[object]) -> dict[str, object]:
+def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, object]:
     """Median of every numeric field (and of every numeric field of dict fields) over runs."""
-    rows = [asdict(r) for r in results]  # type: ignore[call-overload]
     med: dict[str, object] = {}
     for k, v in rows[0].items():
         if isinstance(v, dict):
@@ -273,8 +304,16 @@ def format_produce(res: dict[str, object]) -> str:
         f"producer(s), {mode}, flush={m['flush']} (median of {res['runs']})\n"
         f"  throughput    {m['msgs_per_s']:>10,.0f} msgs/s  {m['mb_per_s']:,.1f} MB/s\n"
         f"  ack latency   p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
-        f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms"
+        f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms\n"
+        f"  broker CPU    {broker_cpu_per(m, 'messages'):,.1f} us per message (with its syncer)"
     )
+
+
+def broker_cpu_per(median: dict[str, Any], unit: str) -> float:
+    """The broker's CPU microseconds per ``unit`` (messages, transactions) in a run's median."""
+    cpu = float(median.get("broker_cpu_s", 0.0))
+    n = float(median.get(unit) or 0)
+    return 1e6 * cpu / n if n else 0.0
 
 
 def format_e2e(res: dict[str, object]) -> str:

@@ -24,7 +24,13 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from txbroker.bench.broker_bench import OnRun, _pcts, repeat_against_broker, run_client
+from txbroker.bench.broker_bench import (
+    OnRun,
+    _pcts,
+    broker_cpu_per,
+    repeat_against_broker,
+    run_client,
+)
 from txbroker.runtime.httpserve import serving
 from txbroker_checkback import CheckbackEndpoint, CheckRequest, CheckStatus
 
@@ -226,5 +232,7 @@ def format_tx(res: dict[str, object]) -> str:
         f"  end             p50 {e['p50_ms']} ms  p99 {e['p99_ms']} ms  p999 {e['p999_ms']} ms\n"
         f"  back-checks     {int(m['checks'])} made, {int(m['resolved_by_check'])} transactions "
         f"left to them; unexpected {int(m['unexpected_checks'])}, "
-        f"duplicate {int(m['duplicate_checks'])}"
+        f"duplicate {int(m['duplicate_checks'])}\n"
+        f"  broker CPU      {broker_cpu_per(m, 'transactions'):,.1f} us per transaction "
+        f"(with its syncer)"
     )
