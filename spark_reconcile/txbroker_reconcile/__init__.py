@@ -7,6 +7,15 @@ and their joins are described in docs/reconciliation.md.
 """
 
 from txbroker_reconcile.errors import CannotRun
-from txbroker_reconcile.options import JobOptions, ServiceSpec
+from txbroker_reconcile.options import JobOptions, LogSpec, ServiceSpec
+from txbroker_reconcile.standalone import StandaloneCluster
 
-__all__ = ["CannotRun", "JobOptions", "ServiceSpec"]
+__all__ = [
+    # the job's options and its one error
+    "CannotRun",
+    "JobOptions",
+    "LogSpec",
+    "ServiceSpec",
+    # a Spark standalone cluster (a master and a worker) on this machine
+    "StandaloneCluster",
+]
