@@ -10,6 +10,8 @@ The tree, with the behaviour each category carries as class attributes::
     │   ├── MessageTooLarge       body, properties or whole record over its limit
     │   └── InvalidOffset         negative or otherwise impossible offset
     ├── NotFound                  offset, message or queue that does not exist (or no longer)
+    │   └── NoRoute               a NameServer knows no route for the topic (not created with
+    │                             --groups, or deleted)
     ├── TopicExists               a topic with other settings already exists
     ├── TransactionConflict       a decision that contradicts how the transaction ended
     ├── TooManyTransactions       the open-transaction bound is reached (retriable)
@@ -63,6 +65,7 @@ __all__ = [
     "InvalidOffset",
     "LeaseExpired",
     "MessageTooLarge",
+    "NoRoute",
     "NotFound",
     "NotMaster",
     "ProtocolError",
@@ -115,6 +118,10 @@ class InvalidOffset(InvalidArgument):
 
 class NotFound(TxbError):
     code = "NOT_FOUND"
+
+
+class NoRoute(NotFound):
+    code = "NO_ROUTE"
 
 
 class TransactionConflict(TxbError):

@@ -8,6 +8,8 @@ over one :class:`~txbroker_sdk.connection.Connection`.
 
 from __future__ import annotations
 
+from typing import Self, cast
+
 from txbroker.errors import TopicExists
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
@@ -45,7 +47,19 @@ __all__ = [
 
 class Client(Connection):
     """A connection to the broker (see :class:`Connection` for connecting, deadlines and
-    reconnects) with the broker's requests by name."""
+    reconnects) with the broker's requests by name.
+
+    ``Client.connect("txbns://host:port[,host:port...]")``, NameServers' addresses instead of a
+    broker's, returns a :class:`~txbroker_sdk.cluster.ClusterClient`, which routes each request
+    to the broker group that holds its queue (docs/cluster.md)."""
+
+    @classmethod
+    def _class_for(cls, url: str) -> type[Self]:
+        from txbroker_sdk.cluster import ClusterClient, is_nameserver_url
+
+        if is_nameserver_url(url) and issubclass(ClusterClient, cls):
+            return cast("type[Self]", ClusterClient)
+        return cls
 
     async def ping(self) -> None:
         await self.request(Opcode.PING, Empty())

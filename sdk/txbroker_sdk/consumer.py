@@ -8,6 +8,11 @@
 Messages of one queue arrive in queue order. The offset committed for a queue is the lowest
 offset not yet acknowledged, so a crash or a rebalance redelivers what was in flight (at least
 once) and never skips an unacknowledged message.
+
+Given a :class:`~txbroker_sdk.cluster.ClusterClient` (NameServers), the consumer is one
+consumer per broker group holding the topic's queues, each on that group's master, pulled
+together: ``fetch`` answers with whichever has messages first. A group added to the topic's
+route is joined when the route is next looked at (every ``ROUTE_CHECK_S``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ __all__ = ["ConsumedMessage", "Consumer"]
 # A third of the broker's default 10 s session timeout, so two heartbeats may be lost in a row.
 HEARTBEAT_INTERVAL_S: Final = 3.0
 COMMIT_INTERVAL_S: Final = 1.0
+# Over broker groups: how often the topic's route is looked at for groups to join.
+ROUTE_CHECK_S: Final = 5.0
 
 
 class ConsumedMessage:
@@ -118,6 +125,8 @@ class Consumer:
         self._retry: Consumer | None = None
         self._with_retries = with_retries
         self._pulls: dict[Consumer, asyncio.Task[list[ConsumedMessage]]] = {}
+        # Over broker groups (a ClusterClient): one consumer per group, by group name.
+        self._parts: dict[str, Consumer] | None = None
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -127,6 +136,13 @@ class Consumer:
         await self.close()
 
     async def start(self) -> None:
+        from txbroker_sdk.cluster import ClusterClient
+
+        if isinstance(self._client, ClusterClient):
+            self._parts = {}
+            await self._join_groups()
+            self._tasks = [asyncio.create_task(self._every(ROUTE_CHECK_S, self._join_groups))]
+            return
         await self._heartbeat()
         if self._with_retries and not self.topic.startswith("%"):
             self._retry = Consumer(
@@ -145,6 +161,30 @@ class Consumer:
             asyncio.create_task(self._every(COMMIT_INTERVAL_S, self._commit_own)),
         ]
 
+    async def _join_groups(self) -> None:
+        """Start a consumer on each group of the topic's route not joined yet."""
+        from txbroker_sdk.cluster import ClusterClient
+
+        assert isinstance(self._client, ClusterClient) and self._parts is not None
+        route = await self._client.route(self.topic)
+        for g in route.groups:
+            if g.group in self._parts or g.master is None:
+                continue
+            part = Consumer(
+                self._client.broker(g.master),
+                self.group,
+                self.topic,
+                member_id=self.member_id,
+                mode=self._mode,
+                start=self._start,
+                start_timestamp_ms=self._start_ts,
+                max_messages=self._max,
+                hold_ms=self._hold_ms,
+                with_retries=self._with_retries,
+            )
+            await part.start()
+            self._parts[g.group] = part
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -152,6 +192,9 @@ class Consumer:
         for t in [*self._tasks, *self._pulls.values()]:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._pulls.values(), return_exceptions=True)
+        if self._parts is not None:
+            await asyncio.gather(*(p.close() for p in self._parts.values()))
+            return
         if self._retry is not None:
             await self._retry.close()
         with contextlib.suppress(Exception):
@@ -192,15 +235,17 @@ class Consumer:
 
     async def fetch(self, timeout_ms: int | None = None) -> list[ConsumedMessage]:
         """Messages from the topic or the group's retry topic, whichever has some first
-        (long-polling both up to ``timeout_ms``); [] when nothing arrived."""
-        if self._retry is None:
+        (long-polling both up to ``timeout_ms``); [] when nothing arrived. Over broker groups,
+        from whichever group has some first."""
+        if self._retry is None and self._parts is None:
             return await self._fetch_own(timeout_ms)
         hold_ms = self._hold_ms if timeout_ms is None else timeout_ms
         deadline = time.monotonic() + hold_ms / 1000
         while True:
             left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-            for source in (self, self._retry):
-                if source not in self._pulls:
+            sources = list(self._parts.values()) if self._parts is not None else [self, self._retry]
+            for source in sources:
+                if source is not None and source not in self._pulls:
                     fetch = source._fetch_own if source is self else source.fetch
                     self._pulls[source] = asyncio.create_task(fetch(left_ms))
             done, _ = await asyncio.wait(self._pulls.values(), return_when=asyncio.FIRST_COMPLETED)
@@ -266,6 +311,9 @@ class Consumer:
 
     async def commit(self) -> None:
         """Commit, per queue, the lowest offset not yet acknowledged (retry topic included)."""
+        if self._parts is not None:
+            await asyncio.gather(*(p.commit() for p in self._parts.values()))
+            return
         await self._commit_own()
         if self._retry is not None:
             await self._retry.commit()

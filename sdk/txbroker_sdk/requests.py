@@ -29,7 +29,8 @@ def parse_server_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url if "://" in url else f"txb://{url}")
     if parts.scheme not in ("txb", "txbs") or not parts.hostname:
         raise InvalidArgument(
-            f"server address must look like txb://host:port (or txbs:// for TLS), not {url!r}"
+            f"server address must look like txb://host:port (or txbs:// for TLS; NameServers: "
+            f"txbns://host:port,... with Client.connect), not {url!r}"
         )
     return parts.hostname, parts.port or DEFAULT_PORT
 

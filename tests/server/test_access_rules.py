@@ -22,6 +22,7 @@ from txbroker.protocol.messages import (
     NackRequest,
     PullRequest,
     ReplFetchRequest,
+    RouteRequest,
     SendBatchRequest,
     SendRequest,
     TopicCreate,
@@ -57,6 +58,7 @@ REQUESTS: dict[int, Any] = {
     Opcode.TX_RESOLVE: TxResolveRequest("tx1", "commit"),
     Opcode.DLQ_LIST: DlqRequest("g"),
     Opcode.DLQ_REDRIVE: DlqRequest("g"),
+    Opcode.ROUTE: RouteRequest(T),
     Opcode.REPL_FETCH: ReplFetchRequest("slave", 0, 0),
 }
 P, C, R, A = Role.PRODUCE, Role.CONSUME, Role.READ, Role.ADMIN
@@ -82,6 +84,7 @@ ALLOWED: dict[int, set[Role]] = {
     Opcode.TX_RESOLVE: set(),
     Opcode.DLQ_LIST: {R},
     Opcode.DLQ_REDRIVE: set(),  # admin on * only
+    Opcode.ROUTE: {P, C, R},
     Opcode.REPL_FETCH: set(),  # admin on * only: a slave reads the whole log
 }
 

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq,
         groups,
         messages,
+        nameserver,
         outbox,
         reconcile,
         serve,
@@ -39,7 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The order of `txbroker --help`: running the broker, using it, a service's side, figures.
-    for group in (serve, topics, messages, tx, groups, dlq, db, outbox, reconcile, bench, chaos):
+    for group in (
+        serve,
+        nameserver,
+        topics,
+        messages,
+        tx,
+        groups,
+        dlq,
+        db,
+        outbox,
+        reconcile,
+        bench,
+        chaos,
+    ):
         group.register(sub)
     return p
 

@@ -111,6 +111,7 @@ def register(sub: Subparsers) -> None:
         help="how long one check may take (TXB_CHECK_TIMEOUT_MS; default 3000)",
     )
     _connection_flags(sv)
+    _cluster_flags(sv)
     add_replication_flags(sv)
     _security_flags(sv)
     _retention_flags(sv)
@@ -158,6 +159,31 @@ def _retention_flags(sv: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="how often the limits are looked at, at least 1000 "
         "(TXB_RETENTION_CHECK_INTERVAL_MS; default 10000)",
+    )
+
+
+def _cluster_flags(sv: argparse.ArgumentParser) -> None:
+    cl = sv.add_argument_group(
+        "broker groups",
+        "With --coordinator and --group the broker registers in etcd as a member of the group, "
+        "master or slave, and NameServers route clients to it. See docs/cluster.md.",
+    )
+    cl.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; default: none, a lone broker)",
+    )
+    cl.add_argument("--group", metavar="NAME", help="the broker group it belongs to (TXB_GROUP)")
+    cl.add_argument(
+        "--broker-id",
+        metavar="ID",
+        help="its name in the group, unique there (TXB_BROKER_ID; default HOST-PORT)",
+    )
+    cl.add_argument(
+        "--role",
+        choices=["auto", "master", "slave"],
+        help="master or slave as given, or auto: elected, master when it wins the group's "
+        "election (TXB_ROLE; default auto)",
     )
 
 
@@ -266,6 +292,10 @@ def config_from_args(
         ),
         "retention_bytes": args.retention_bytes,
         "retention_check_interval_ms": args.retention_check_interval_ms,
+        "coordinator": args.coordinator,
+        "group": args.group,
+        "broker_id": args.broker_id,
+        "role": args.role,
         **replication_flags(args),
     }
     if config_file is None and args.config:

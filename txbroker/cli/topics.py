@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-from txbroker.cli.common import Subparsers, add_broker_options, positive, with_client
+from txbroker.cli.common import (
+    Subparsers,
+    add_broker_options,
+    auth_token,
+    client_options,
+    positive,
+    run,
+    with_client,
+)
 from txbroker.cli.output import (
     Column,
     human_time,
@@ -14,6 +23,7 @@ from txbroker.cli.output import (
     print_table,
     rate_text,
 )
+from txbroker.errors import InvalidArgument, NotFound
 
 __all__ = ["register", "topic_record"]
 
@@ -35,8 +45,19 @@ def register(sub: Subparsers) -> None:
     p = tsub.add_parser("create", help="create a topic (creating an identical one is a no-op)")
     p.add_argument("name", help="topic name")
     p.add_argument("--queues", type=positive, default=4, help="queues (ordering, parallelism)")
+    p.add_argument(
+        "--groups",
+        metavar="G1,G2",
+        help="spread the queues over these broker groups (with --coordinator): the route goes "
+        "to etcd and the topic is created on each group's master with its share of queues",
+    )
+    p.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="with --groups: etcd://host:port[,...] (TXB_COORDINATOR)",
+    )
     add_broker_options(p, json_help="print the topic as one JSON object")
-    p.set_defaults(func=with_client(_create))
+    p.set_defaults(func=_create_command)
 
     p = tsub.add_parser("list", help="topics with their queues and message counts")
     add_broker_options(p, json_help="one JSON object per topic, one per line")
@@ -67,6 +88,68 @@ def topic_record(t: Any) -> dict[str, Any]:
         "created_ms": t.created_ms,
         "rate_per_s": t.rate_per_s,
     }
+
+
+def _create_command(args: argparse.Namespace) -> int:
+    if args.groups is None:
+        return with_client(_create)(args)
+    coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
+    if not coordinator:
+        raise InvalidArgument("--groups needs --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    return run(_create_routed(coordinator, groups, args))
+
+
+async def _create_routed(coordinator_url: str, groups: list[str], args: argparse.Namespace) -> int:
+    """The route first checked against etcd, the topic created on each group's master (all
+    must be registered), then the route written: a client never gets a route to a group that
+    does not hold the topic."""
+    from txbroker.cluster import connect_coordinator
+    from txbroker.cluster.routes import (
+        BROKERS_PREFIX,
+        BrokerInfo,
+        choose_masters,
+        read_route,
+        spread_queues,
+        write_route,
+    )
+    from txbroker_sdk import Client
+
+    route = spread_queues(args.name, args.queues, groups)
+    async with await connect_coordinator(coordinator_url) as coordinator:
+        existing = await read_route(coordinator, route.topic)
+        if existing is not None and existing != route:
+            await write_route(coordinator, route)  # raises TopicExists, naming the route there
+        listing = await coordinator.list_prefix(BROKERS_PREFIX)
+        masters = choose_masters(BrokerInfo.from_json(kv.value) for kv in listing.items)
+        missing = [s.group for s in route.shares if s.group not in masters]
+        if missing:
+            raise NotFound(
+                f"no master registered for group(s) {', '.join(missing)} at {coordinator_url}: "
+                "start their brokers with --group and --coordinator first"
+            )
+        created = []
+        for share in route.shares:
+            address = masters[share.group].address
+            async with await Client.connect(address, **_options_for(address, args)) as client:
+                await client.create_topic(route.topic, len(share.queues), exist_ok=True)
+            created.append({"group": share.group, "queues": list(share.queues), "master": address})
+        await write_route(coordinator, route)
+    if args.json:
+        print_json({"topic": route.topic, "queues": route.queues, "groups": created})
+    else:
+        print(f"topic {route.topic}: {route.queues} queues over {len(created)} groups")
+        for c in created:
+            q = c["queues"]
+            print(f"  {c['group']}: queues {q[0]}-{q[-1]} on {c['master']}")
+    return 0
+
+
+def _options_for(address: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The client options for a master's address: the token, and the TLS files for txbs://."""
+    if address.startswith("txbs://"):
+        return client_options(argparse.Namespace(**{**vars(args), "server": address}))
+    return {"auth_token": auth_token(args)}
 
 
 async def _create(c: Any, args: argparse.Namespace) -> int:

@@ -75,6 +75,7 @@ class Opcode(enum.IntEnum):
     DLQ_LIST = 60
     DLQ_REDRIVE = 61
     REPL_FETCH = 80  # a slave fetches the master's commit log by offset (replication)
+    ROUTE = 70  # NameServer: a topic's route over broker groups, and the groups' masters
 
 
 KNOWN_OPCODES: Final = frozenset(int(o) for o in Opcode)

@@ -18,6 +18,7 @@ __all__ = [
     "AckRequest",
     "ErrorBody",
     "GroupInfo",
+    "GroupRoute",
     "GroupsRequest",
     "GroupsResponse",
     "HeartbeatRequest",
@@ -33,6 +34,8 @@ __all__ = [
     "QueueLag",
     "QueueOffsets",
     "QueuePosition",
+    "RouteRequest",
+    "RouteResponse",
     "SendBatchRequest",
     "SendBatchResponse",
     "SendReceipt",
@@ -345,6 +348,26 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     master_flushed: int  # the master's flushed offset when answering (the slave's lag)
 
 
+class RouteRequest(msgspec.Struct, frozen=True):
+    topic: str = ""  # "": no topic, only every group and its master
+
+
+class GroupRoute(msgspec.Struct, frozen=True):
+    group: str
+    # The topic's queues this group holds, as global ids in the group's local order: local
+    # queue i on the group's brokers is global queue queues[i] (txbroker/cluster/routes.py).
+    queues: list[int]
+    master: str | None  # txb://host:port of the group's master; None: none registered now
+    epoch: int = 0  # the master's election epoch (0: a master by --role master)
+
+
+class RouteResponse(msgspec.Struct, frozen=True):
+    topic: str
+    queues: int  # the topic's queues over all groups
+    groups: list[GroupRoute]
+    revision: int  # the etcd revision the NameServer's view is at
+
+
 REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.HELLO: Hello,
     Opcode.PING: Empty,
@@ -367,6 +390,7 @@ REQUEST_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_SHOW: TxId,
     Opcode.TX_RESOLVE: TxResolveRequest,
     Opcode.OFFSETS: GroupsRequest,
+    Opcode.ROUTE: RouteRequest,
     Opcode.REPL_FETCH: ReplFetchRequest,
 }
 
@@ -392,6 +416,7 @@ RESPONSE_TYPES: Final[dict[int, type[Any]]] = {
     Opcode.TX_SHOW: TxInfo,
     Opcode.TX_RESOLVE: TxEndResponse,
     Opcode.OFFSETS: GroupsResponse,
+    Opcode.ROUTE: RouteResponse,
     Opcode.REPL_FETCH: ReplFetchResponse,
 }
 

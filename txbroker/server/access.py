@@ -22,6 +22,7 @@ it needs; the connection stays open. Listings are filtered to the topics the tok
                                            go back to whatever topics they came from
     REPL_FETCH                             admin on every topic (``*``): a slave reads the
                                            whole log
+    ROUTE (a NameServer's)                 any role on the topic; any role for the groups alone
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ class Access:
             _need_role(who, opcode, ANY_ROLE)
         elif opcode in (Opcode.DLQ_REDRIVE, Opcode.REPL_FETCH):
             _need(who, opcode, (A,), None)
+        elif opcode == Opcode.ROUTE:
+            if req.topic:
+                _need(who, opcode, ANY_ROLE, req.topic)
+            else:
+                _need_role(who, opcode, ANY_ROLE)
         elif opcode != Opcode.PING:
             raise Forbidden(f"{_op(opcode)} is not allowed for token {who.name!r}")
 

@@ -31,6 +31,7 @@ from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_direct_handlers, build_handlers
 from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
+from txbroker.server.membership import Membership, MembershipSettings
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
 from txbroker.server.replication import ReplicaTracker
@@ -85,6 +86,7 @@ class BrokerServer:
         self._connections: set[Connection] = set()
         self.admission: Admission | None = None
         self.access: Access | None = None
+        self.membership: Membership | None = None  # with a coordinator (broker groups)
         self.port = 0
         # Replication (replication.py): a slave follows replica_of's log and refuses writes.
         self.replication = config.replication_settings()
@@ -273,6 +275,12 @@ class BrokerServer:
                 cfg.auth_token,
             )
             self.replicator.start()
+        if cfg.coordinator is not None and cfg.group is not None:
+            self.membership = Membership(
+                MembershipSettings.of(cfg, self.port, self.http_port, tls is not None),
+                flushed_offset=lambda: self.store.flushed_offset if self.store else 0,
+            )
+            await self.membership.start()
         for route in extra:
             if isinstance(route, Mount) and route.name:
                 scheme = "https" if tls is not None else "http"
@@ -358,6 +366,8 @@ class BrokerServer:
         """Stop accepting, answer what is in flight (bounded), flush and close the store."""
         if self.replicator is not None:
             await self.replicator.stop()
+        if self.membership is not None:
+            await self.membership.stop()  # clients move to another broker at once
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)

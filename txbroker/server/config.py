@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from txbroker.cluster.url import parse_coordinator_url
 from txbroker.errors import InvalidArgument
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
 from txbroker.server.replication import ReplicationSettings
@@ -97,6 +98,13 @@ class ServerConfig:
     # summary.json to (its --out, or a parent of dated --out folders).
     trace_url: str | None = None
     reconcile_reports: Path | None = None
+    # Broker groups (docs/cluster.md): with a coordinator (etcd://host:port[,...]) the broker
+    # registers in etcd as broker_id (default: host-port) of group, master or slave by role
+    # (auto: elected). Without one, nothing of this applies.
+    coordinator: str | None = None
+    group: str | None = None
+    broker_id: str | None = None
+    role: str = "auto"
     # Replication (issue 22 item 4; read together as ReplicationSettings, replication.py):
     # the master this broker follows as a slave; what a master's writes wait for (sync:
     # min_insync slaves flushed them, at most replication_timeout_ms; async: its own flush).
@@ -167,6 +175,7 @@ class ServerConfig:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key (TLS itself)")
         self._check_connection_limits()
+        _check_cluster(self)
         self.replication_settings()  # raises InvalidArgument on a bad value
 
     def replication_settings(self) -> ReplicationSettings:
@@ -224,6 +233,15 @@ class ServerConfig:
                 "trace_url must be an http(s) URL with {trace_id} in it, "
                 f"e.g. http://jaeger:16686/trace/{{trace_id}}; got {self.trace_url!r}"
             )
+
+
+def _check_cluster(cfg: ServerConfig) -> None:
+    if (cfg.coordinator is None) != (cfg.group is None):
+        raise InvalidArgument("coordinator and group go together: give both or neither")
+    if cfg.role not in ("auto", "master", "slave"):
+        raise InvalidArgument(f"role must be auto, master or slave, got {cfg.role!r}")
+    if cfg.coordinator is not None:
+        parse_coordinator_url(cfg.coordinator)  # a typo stops the start
 
 
 def _coerce(values: dict[str, Any]) -> dict[str, Any]:

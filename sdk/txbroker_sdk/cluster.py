@@ -1,0 +1,359 @@
+"""A client of a cluster of broker groups, found through NameServers (docs/cluster.md, "Clients").
+
+    async with await Client.connect("txbns://10.0.0.1:9878,10.0.0.2:9878") as client:
+        await client.send("orders", b"...", key="order-42")
+
+``Client.connect`` (and ``Client(url)``'s callers: the CLI's ``--server``, the outbox relay,
+``TxbService``) given a ``txbns://`` URL returns a :class:`ClusterClient`: a ``Client`` whose
+requests are routed. A send picks the topic's queue as a single broker does (the key's CRC32C
+modulo the topic's queues over all groups, else round-robin), finds the group holding that
+queue in the topic's route, and sends to that group's master with the queue's id there; a
+prepared transaction is ended at the broker that holds it. Routes come from any NameServer
+that answers (in the URL's order, moving on when one does not), are kept for ``refresh_s``
+(30 s) and fetched again at once after a routing error: the group's broker unreachable before
+the request was sent, the topic or the queue unknown there. A request whose connection broke
+after it was sent is not sent again (it may have been stored): it fails as with one broker,
+and the route is fetched again for the next.
+
+A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer group
+on every group's master holding the topic's queues and pulls from all of them.
+
+Not routed in this version: a batch is split by group (all or nothing within each group, not
+across groups); the ``TxPublisher``'s pipelined sends (``submit``/``post``) and the operator
+requests (topic listing and deletion, offsets, dead letters) need a broker's own address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import google_crc32c
+import msgspec
+
+from txbroker.errors import InvalidArgument, NoRoute, NotFound, TopicExists, TransactionNotFound
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import (
+    Empty,
+    GroupRoute,
+    RouteRequest,
+    RouteResponse,
+    SendBatchRequest,
+    SendBatchResponse,
+    SendReceipt,
+    SendRequest,
+    TopicInfo,
+    TxPrepareRequest,
+    TxPrepareResponse,
+)
+from txbroker_sdk.client import Client
+from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed
+from txbroker_sdk.requests import parse_server_url
+
+__all__ = [
+    "NAMESERVER_SCHEME",
+    "ROUTE_REFRESH_S",
+    "ClusterClient",
+    "Route",
+    "is_nameserver_url",
+    "parse_nameserver_url",
+]
+
+log = logging.getLogger(__name__)
+
+NAMESERVER_SCHEME: Final = "txbns://"
+# How long a route is used before it is fetched again: a route changes when an operator moves
+# queues (rare) and a master changes on failover (the send fails and the route is fetched at
+# once), so this only bounds how long a quiet change goes unnoticed.
+ROUTE_REFRESH_S: Final = 30.0
+# A NameServer or a group's broker that went away is tried again for this long before the next
+# NameServer is asked or the route fetched again: another may answer at once.
+RECONNECT_S: Final = 1.0
+# Transactions prepared through this client, remembered to end them at their broker; an older
+# one is looked for on every group's master.
+TX_REMEMBERED: Final = 10_000
+
+
+# Refusals that say the route was wrong, with nothing stored: the broker is not reachable (the
+# request was never sent), the topic or the queue is not there. Worth one more try on a route
+# fetched again.
+_ROUTING_ERRORS: Final = (BrokerUnreachable, NotFound, InvalidArgument)
+
+
+def _global(receipt: SendReceipt, group: GroupRoute) -> SendReceipt:
+    """A group's receipt with the topic's (global) queue id instead of the group's own."""
+    if 0 <= receipt.queue_id < len(group.queues):
+        return msgspec.structs.replace(receipt, queue_id=group.queues[receipt.queue_id])
+    return receipt  # -1: a delayed message has no queue yet
+
+
+def is_nameserver_url(url: str) -> bool:
+    return url.startswith(NAMESERVER_SCHEME)
+
+
+def parse_nameserver_url(url: str) -> list[str]:
+    """``txbns://h1:9878,h2:9878`` to each NameServer's ``txb://`` address, in order."""
+    if not is_nameserver_url(url):
+        raise InvalidArgument(f"NameServers' addresses are txbns://host:port,..., not {url!r}")
+    parts = [p.strip() for p in url[len(NAMESERVER_SCHEME) :].split(",")]
+    if not all(parts):
+        raise InvalidArgument(f"{url!r}: an empty NameServer address")
+    addresses = []
+    for part in parts:
+        host, port = parse_server_url(f"txb://{part}")
+        addresses.append(f"txb://{host}:{port}")
+    return addresses
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A topic's route as a NameServer gave it, and when it was fetched."""
+
+    topic: str
+    queues: int
+    groups: tuple[GroupRoute, ...]
+    fetched_at_s: float  # time.monotonic()
+
+    def locate(self, queue: int) -> tuple[GroupRoute, int]:
+        """The group holding the topic's (global) ``queue``, and the queue's id there."""
+        for g in self.groups:
+            if queue in g.queues:
+                return g, g.queues.index(queue)
+        raise InvalidArgument(f"topic {self.topic!r} has no queue {queue} (0..{self.queues - 1})")
+
+
+class ClusterClient(Client):
+    """A :class:`Client` over broker groups, through NameServers (see the module's text).
+    Made by ``Client.connect("txbns://...")``; the options are those of ``Client`` and apply to
+    every connection it opens, plus ``refresh_s``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        refresh_s: float = ROUTE_REFRESH_S,
+    ) -> None:
+        nameservers = parse_nameserver_url(url)
+        # The base connection is never dialed: every request goes to a NameServer or a broker.
+        super().__init__(nameservers[0], timeout_s=timeout_s, connect_deadline_s=0)
+        self.url = url
+        self.refresh_s = refresh_s
+        self._options: dict[str, Any] = {
+            "auth_token": auth_token,
+            "timeout_s": timeout_s,
+            "reconnect_s": min(reconnect_s, RECONNECT_S),
+            "connect_deadline_s": min(connect_deadline_s, RECONNECT_S),
+            "keepalive_s": keepalive_s,
+        }
+        if tls_ca is not None or tls_cert is not None:
+            raise InvalidArgument("TLS through NameServers is not supported yet")
+        self._first_deadline_s = connect_deadline_s
+        self._nameservers = [Client(a, **self._options) for a in nameservers]
+        self._current = 0  # the NameServer that answered last
+        self._brokers: dict[str, Client] = {}  # by address
+        self._routes: dict[str, Route] = {}
+        self._txs: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> broker
+        self._rr = itertools.count()
+        self.route_fetches = 0
+
+    async def _dial(self, deadline_s: float) -> None:
+        """``connect()``: a NameServer answers (each tried in turn, for up to ``deadline_s``)."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                await self._ask(RouteRequest(""))
+                return
+            except BrokerUnreachable:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)  # a back-off between rounds, not a synchronisation
+
+    @property
+    def connected(self) -> bool:
+        return any(ns.connected for ns in self._nameservers)
+
+    async def close(self) -> None:
+        clients = [*self._nameservers, *self._brokers.values()]
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+        await super().close()
+
+    # Routes.
+
+    async def _ask(self, req: RouteRequest) -> RouteResponse:
+        """ROUTE from the NameServer that answered last, else the next ones in turn."""
+        errors = []
+        n = len(self._nameservers)
+        for i in range(n):
+            k = (self._current + i) % n
+            try:
+                res: RouteResponse = await self._nameservers[k].request(Opcode.ROUTE, req)
+            except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
+                errors.append(f"{self._nameservers[k]._url}: {e}")
+                continue
+            self._current = k
+            return res
+        raise BrokerUnreachable(f"no NameServer of {self.url} answered: {'; '.join(errors)}")
+
+    async def route(self, topic: str, *, refresh: bool = False) -> Route:
+        """``topic``'s route: the one kept, unless older than ``refresh_s`` or ``refresh``."""
+        kept = self._routes.get(topic)
+        fresh = kept is not None and time.monotonic() - kept.fetched_at_s < self.refresh_s
+        if kept is not None and fresh and not refresh:
+            return kept
+        res = await self._ask(RouteRequest(topic))
+        self.route_fetches += 1
+        route = Route(res.topic, res.queues, tuple(res.groups), time.monotonic())
+        self._routes[topic] = route
+        return route
+
+    async def masters(self) -> dict[str, str]:
+        """Every group with a registered broker, and its master's address ("" for none now)."""
+        res = await self._ask(RouteRequest(""))
+        return {g.group: g.master or "" for g in res.groups}
+
+    def broker(self, address: str) -> Client:
+        """The connection to the broker at ``address`` (made on first use, then kept)."""
+        client = self._brokers.get(address)
+        if client is None:
+            client = self._brokers[address] = Client(address, **self._options)
+        return client
+
+    # Requests.
+
+    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+        if opcode in (Opcode.SEND, Opcode.TX_PREPARE):
+            return await self._routed(opcode, body, timeout_s)
+        if opcode == Opcode.SEND_BATCH:
+            return await self._send_batch(body, timeout_s)
+        if opcode in (Opcode.TX_END, Opcode.TX_SHOW, Opcode.TX_RESOLVE):
+            return await self._by_transaction(opcode, body, timeout_s)
+        if opcode == Opcode.PING:
+            await self._ask(RouteRequest(""))
+            return Empty()
+        if opcode == Opcode.ROUTE:
+            return await self._ask(body)
+        if opcode in (Opcode.TOPIC_DESCRIBE, Opcode.TOPIC_CREATE):
+            route = await self.route(body.topic, refresh=True)  # NoRoute: not created
+            if opcode == Opcode.TOPIC_CREATE:  # create_topic(exist_ok=True) describes it then
+                raise TopicExists(f"topic {body.topic!r} is routed over groups already")
+            return TopicInfo(route.topic, route.queues)
+        raise InvalidArgument(
+            f"{opcode.name} is not routed through NameServers yet: connect to a group's broker "
+            "(txb://host:port) for it"
+        )
+
+    def _choose(self, route: Route, req: SendRequest | TxPrepareRequest) -> tuple[GroupRoute, int]:
+        queue_id = getattr(req, "queue_id", None)
+        if queue_id is not None:
+            queue = queue_id
+        elif req.key is not None:  # as the broker does (server/producer.py): same key, same queue
+            queue = google_crc32c.value(req.key.encode()) % route.queues
+        else:
+            queue = next(self._rr) % route.queues
+        return route.locate(queue)
+
+    async def _routed(self, opcode: Opcode, req: Any, timeout_s: float | None) -> Any:
+        for attempt in (1, 2):
+            route = await self.route(req.topic, refresh=attempt > 1)
+            group, local = self._choose(route, req)
+            if group.master is None:
+                if attempt == 1:
+                    continue
+                raise NoRoute(f"group {group.group} of topic {req.topic!r} has no master now")
+            # TX_PREPARE has no queue field: the group's broker chooses among its queues by key.
+            body = msgspec.structs.replace(req, queue_id=local) if opcode == Opcode.SEND else req
+            try:
+                res = await self.broker(group.master).request(opcode, body, timeout_s=timeout_s)
+            except _ROUTING_ERRORS as e:
+                # Refused or never sent: nothing was stored, so a fresh route may be tried.
+                if attempt == 2 or isinstance(e, TransactionNotFound):
+                    raise
+                log.info("to %s of %s: %s; fetching the route again", group.group, req.topic, e)
+                continue
+            except ConnectionClosed:
+                self._routes.pop(req.topic, None)  # may have been stored: not resent
+                raise
+            if isinstance(res, SendReceipt):
+                return _global(res, group)
+            if isinstance(res, TxPrepareResponse):
+                self._remember(res.tx_id, group.master)
+            return res
+        raise AssertionError("unreachable")
+
+    async def _send_batch(
+        self, req: SendBatchRequest, timeout_s: float | None
+    ) -> SendBatchResponse:
+        """Split by group, the parts sent at once (each all or nothing, not the whole); a part
+        refused by a routing error is routed again once."""
+        receipts: dict[int, SendReceipt] = {}
+        pending = list(enumerate(req.messages))
+        for attempt in (1, 2):
+            if attempt > 1:
+                for _, m in pending:
+                    self._routes.pop(m.topic, None)
+            parts: dict[str, list[tuple[int, SendRequest, GroupRoute]]] = {}
+            for i, m in pending:
+                group, local = self._choose(await self.route(m.topic), m)
+                if group.master is None:
+                    raise NoRoute(f"group {group.group} of topic {m.topic!r} has no master now")
+                placed = msgspec.structs.replace(m, queue_id=local)
+                parts.setdefault(group.master, []).append((i, placed, group))
+            results = await asyncio.gather(
+                *(
+                    self.broker(address).request(
+                        Opcode.SEND_BATCH,
+                        SendBatchRequest([m for _, m, _ in items]),
+                        timeout_s=timeout_s,
+                    )
+                    for address, items in parts.items()
+                ),
+                return_exceptions=True,
+            )
+            pending = []
+            for items, res in zip(parts.values(), results, strict=True):
+                if isinstance(res, BaseException):
+                    if attempt == 2 or not isinstance(res, _ROUTING_ERRORS):
+                        raise res
+                    pending.extend((i, req.messages[i]) for i, _, _ in items)
+                    continue
+                for (i, _, group), r in zip(items, res.receipts, strict=True):
+                    receipts[i] = _global(r, group)
+            if not pending:
+                break
+        return SendBatchResponse([receipts[i] for i in range(len(req.messages))])
+
+    def _remember(self, tx_id: str, address: str) -> None:
+        self._txs[tx_id] = address
+        if len(self._txs) > TX_REMEMBERED:
+            self._txs.popitem(last=False)
+
+    async def _by_transaction(self, opcode: Opcode, req: Any, timeout_s: float | None) -> Any:
+        """At the broker that prepared it; one prepared elsewhere is looked for on every
+        group's master."""
+        address = self._txs.get(req.tx_id)
+        if address is not None:
+            return await self.broker(address).request(opcode, req, timeout_s=timeout_s)
+        masters = [a for a in (await self.masters()).values() if a]
+        for a in masters:
+            try:
+                res = await self.broker(a).request(opcode, req, timeout_s=timeout_s)
+            except TransactionNotFound:
+                continue
+            self._remember(req.tx_id, a)
+            return res
+        raise TransactionNotFound(f"transaction {req.tx_id} is on no group's master")

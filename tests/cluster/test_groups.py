@@ -1,0 +1,254 @@
+"""Broker groups and the NameServer (issue 22, items 2 and 3) with real processes: a real etcd,
+two groups of one broker each (g1 a master by --role master, g2 elected by --role auto), and
+NameServers; clients through ``txbns://``."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import EtcdServer
+from tests.cluster.groups import NameServerProcess, masters_of, wait_for_brokers
+from tests.conftest import IN_CI
+from txbroker.cluster.routes import Role, choose_masters, spread_queues
+from txbroker.errors import NoRoute
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import RouteRequest, SendRequest
+from txbroker.runtime.brokerproc import BrokerProcess
+from txbroker_sdk import Client, Consumer
+from txbroker_sdk.cluster import ClusterClient
+
+if not IN_CI:
+    pytest.importorskip("aetcd")
+
+from txbroker.cluster import connect_coordinator
+from txbroker.cluster.routes import replace_route
+
+# Long enough for a loaded runner's first fetch; the consumer's loop ends on the count, not it.
+FETCH_MS = 2_000
+DEADLINE_S = 30.0
+
+
+@dataclass
+class Cluster:
+    etcd: EtcdServer
+    brokers: dict[str, BrokerProcess]  # by group
+    nameservers: list[NameServerProcess]
+
+    @property
+    def url(self) -> str:
+        return "txbns://" + ",".join(ns.address for ns in self.nameservers)
+
+    def cli(self, *args: str) -> str:
+        """`txbroker ARGS` (bounded); its stdout, once it exited 0."""
+        done = subprocess.run(
+            [sys.executable, "-m", "txbroker.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def topic_create(self, topic: str, queues: int, groups: str) -> dict[str, object]:
+        answer: dict[str, object] = json.loads(
+            self.cli("topic", "create", topic, "--queues", str(queues), "--groups", groups,
+                     "--coordinator", self.etcd.url, "--json")
+        )  # fmt: skip
+        return answer
+
+
+@pytest.fixture
+def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
+    started: list[BrokerProcess | NameServerProcess] = []
+    try:
+        brokers = {}
+        for group, role in (("g1", "master"), ("g2", "auto")):
+            b = BrokerProcess(
+                tmp_path / group,
+                *("--group", group, "--coordinator", etcd.url, "--role", role),
+                *("--broker-id", f"{group}-a"),
+            )
+            started.append(b)
+            brokers[group] = b.start()
+        asyncio.run(wait_for_brokers(etcd.url, masters_of("g1", "g2")))
+        nameservers = []
+        for i in range(2):
+            ns = NameServerProcess(etcd.url, tmp_path / f"ns{i}.log")
+            started.append(ns)
+            nameservers.append(ns.start())
+        yield Cluster(etcd, brokers, nameservers)
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+async def test_brokers_register_with_their_roles_and_go_when_stopped(cluster: Cluster) -> None:
+    brokers = await wait_for_brokers(cluster.etcd.url, masters_of("g1", "g2"))
+    by_group = {b.group: b for b in brokers.values()}
+    assert by_group["g1"].role is Role.MASTER and by_group["g1"].epoch == 0  # --role master
+    assert by_group["g2"].role is Role.MASTER and by_group["g2"].epoch > 0  # elected
+    assert by_group["g1"].address == cluster.brokers["g1"].url
+    assert by_group["g2"].http == cluster.brokers["g2"].http
+
+    cluster.brokers["g1"].stop()  # SIGTERM: the registration is revoked, not left to expire
+    left = await wait_for_brokers(cluster.etcd.url, lambda b: len(b) == 1, timeout_s=5)
+    assert set(choose_masters(left.values())) == {"g2"}
+
+
+async def test_producers_spread_over_both_groups_and_a_consumer_gets_each_once(
+    cluster: Cluster,
+) -> None:
+    created = cluster.topic_create("orders", 8, "g1,g2")
+    assert created["groups"] == [
+        {"group": "g1", "queues": [0, 1, 2, 3], "master": cluster.brokers["g1"].url},
+        {"group": "g2", "queues": [4, 5, 6, 7], "master": cluster.brokers["g2"].url},
+    ]
+    assert cluster.topic_create("orders", 8, "g1,g2") == created  # again: a no-op
+
+    sent = 0
+    queues: collections.Counter[int] = collections.Counter()
+    async with await Client.connect(cluster.url) as client:
+        assert isinstance(client, ClusterClient)
+
+        async def produce(n: int, keyed: bool) -> None:
+            nonlocal sent
+            for i in range(n):
+                key = f"order-{n}-{i}" if keyed else None
+                r = await client.send("orders", f"{n}-{keyed}-{i}".encode(), key=key)
+                queues[r.queue_id] += 1
+                sent += 1
+
+        await asyncio.gather(produce(100, True), produce(60, False), produce(40, True))
+        batch = [SendRequest("orders", f"batch-{i}".encode(), key=f"b{i}") for i in range(24)]
+        receipts = await client.send_batch(batch)
+        assert len(receipts) == 24
+        sent += 24
+        for r in receipts:
+            queues[r.queue_id] += 1
+        # A key keeps its queue, over groups as on one broker.
+        again = await client.send("orders", b"again-1", key="order-100-7")
+        first = await client.send("orders", b"again-2", key="order-100-7")
+        assert again.queue_id == first.queue_id
+        sent += 2
+
+    assert set(queues) == set(range(8)), queues
+    stored = {}
+    for group, broker in cluster.brokers.items():
+        async with await Client.connect(broker.url) as direct:
+            info = await direct.describe_topic("orders")
+            assert info.queues == 4
+            stored[group] = info.messages
+    assert stored["g1"] > 0 and stored["g2"] > 0
+    assert sum(stored.values()) == sent
+
+    async with await Client.connect(cluster.url) as client:
+        seen: collections.Counter[bytes] = collections.Counter()
+        async with Consumer(client, "billing", "orders") as consumer:
+            deadline = time.monotonic() + DEADLINE_S
+            while sum(seen.values()) < sent and time.monotonic() < deadline:
+                for m in await consumer.fetch(FETCH_MS):
+                    seen[m.body] += 1
+                    m.ack()
+            extra = await consumer.fetch(500)  # nothing more comes
+    assert sum(seen.values()) == sent and set(seen.values()) == {1}
+    assert extra == []
+
+
+async def test_a_route_change_is_picked_up(cluster: Cluster) -> None:
+    cluster.topic_create("moves", 4, "g1")
+    client = await ClusterClient.connect(cluster.url)
+    client.refresh_s = 0.2  # the periodic refresh, made short
+    try:
+        assert {(await client.send("moves", b"x")).queue_id for _ in range(8)} == {0, 1, 2, 3}
+        # The topic grows onto g2: its share first, then the route (as topic create does).
+        async with await Client.connect(cluster.brokers["g2"].url) as g2:
+            await g2.create_topic("moves", 4)
+        async with await connect_coordinator(cluster.etcd.url) as coordinator:
+            await replace_route(coordinator, spread_queues("moves", 8, ["g1", "g2"]))
+        # Picked up by the timer: within a bounded number of sends (each a round trip).
+        deadline = time.monotonic() + DEADLINE_S
+        seen: set[int] = set()
+        while not seen >= {4, 5, 6, 7} and time.monotonic() < deadline:
+            seen.add((await client.send("moves", b"y")).queue_id)
+        assert seen >= {4, 5, 6, 7}
+    finally:
+        await client.close()
+
+    # A routing error: the topic leaves g1 for g2 alone, and a client whose route is fresh
+    # (no timer would refresh it for an hour) learns it from g1's answer.
+    cluster.topic_create("leaves", 4, "g1")
+    client = await ClusterClient.connect(cluster.url)
+    client.refresh_s = 3600
+    try:
+        assert (await client.send("leaves", b"x", key="k")).queue_id in range(4)
+        fetches = client.route_fetches
+        async with await Client.connect(cluster.brokers["g2"].url) as g2:
+            await g2.create_topic("leaves", 4)
+        async with await connect_coordinator(cluster.etcd.url) as coordinator:
+            await replace_route(coordinator, spread_queues("leaves", 4, ["g2"]))
+        async with await Client.connect(cluster.brokers["g1"].url) as g1:
+            await g1.delete_topic("leaves")
+        receipt = await _send_until_moved(client, "leaves")
+        assert client.route_fetches > fetches
+        async with await Client.connect(cluster.brokers["g2"].url) as g2:
+            info = await g2.describe_topic("leaves")
+        assert info.messages >= 1 and receipt.topic == "leaves"
+    finally:
+        await client.close()
+
+
+async def _send_until_moved(client: ClusterClient, topic: str) -> object:
+    """One send; the NameServer may not have seen the new route yet when g1 refuses, so the
+    refused send may be refused again: retried until the route arrives (bounded)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            return await client.send(topic, b"moved", key="k")
+        except NoRoute:
+            raise
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)  # the NameServer's watch is a round trip behind
+
+
+async def test_the_nameserver_answers_clearly_for_an_unknown_topic(cluster: Cluster) -> None:
+    async with await Client.connect(cluster.url) as client:
+        with pytest.raises(NoRoute, match=r"no route for topic 'nowhere'.*topic create nowhere"):
+            await client.send("nowhere", b"x")
+        with pytest.raises(NoRoute) as raised:
+            await client.request(Opcode.ROUTE, RouteRequest("nowhere"))
+        assert raised.value.code == "NO_ROUTE"
+        groups = await client.request(Opcode.ROUTE, RouteRequest(""))
+        assert {g.group: g.master for g in groups.groups} == {
+            "g1": cluster.brokers["g1"].url,
+            "g2": cluster.brokers["g2"].url,
+        }
+
+
+async def test_any_nameserver_answers(cluster: Cluster) -> None:
+    cluster.topic_create("either", 2, "g1,g2")
+    async with await Client.connect(cluster.url) as client:
+        assert isinstance(client, ClusterClient)
+        await client.send("either", b"1")
+        cluster.nameservers[0].stop()
+        route = await client.route("either", refresh=True)  # the second one answers
+        assert [g.group for g in route.groups] == ["g1", "g2"]
+        await client.send("either", b"2")
+    # The CLI takes NameServers where it takes a broker (docs/cluster.md's commands).
+    server = ["--server", cluster.url]
+    cluster.cli("send", "either", "--body", "3", "--key", "k1", *server)
+    got = cluster.cli("consume", "either", "--group", "cli", "--max", "3", *server, "--json")
+    bodies = sorted(json.loads(line)["body"] for line in got.splitlines())
+    assert bodies == ["1", "2", "3"]

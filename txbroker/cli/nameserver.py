@@ -1,0 +1,53 @@
+"""`txbroker nameserver`: serve topic routes and group masters from etcd (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from txbroker.cli.common import Subparsers, run
+from txbroker.errors import InvalidArgument
+
+__all__ = ["DEFAULT_PORT", "register"]
+
+# Beside the broker's 9876 (TCP) and 9877 (HTTP).
+DEFAULT_PORT = 9878
+
+
+def register(sub: Subparsers) -> None:
+    ns = sub.add_parser(
+        "nameserver",
+        help="serve topic routes over broker groups to clients",
+        description="Serve topic routes and each broker group's master, from etcd, to clients "
+        "(txbns://host:port in the SDK) until SIGINT/SIGTERM. Stateless: run several, any one "
+        "answers. See docs/cluster.md.",
+    )
+    ns.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
+    )
+    ns.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ns.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    ns.set_defaults(func=_nameserver)
+
+
+def _nameserver(args: argparse.Namespace) -> int:
+    from txbroker.nameserver import NameServerConfig, serve_nameserver
+
+    coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
+    if not coordinator:
+        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    if not 0 <= args.port <= 65535:
+        raise InvalidArgument(f"port must be 0..65535, got {args.port}")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run(serve_nameserver(NameServerConfig(coordinator, args.host, args.port)))
+    return 0

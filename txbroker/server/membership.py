@@ -1,0 +1,195 @@
+"""A broker's membership of its group (issue 22, item 2): registered in etcd while it runs, and
+its role, master or slave.
+
+With ``--coordinator`` the broker keeps ``/txb/brokers/<group>/<id>`` under a registration
+lease (``txbroker/cluster/registration.py``): its addresses, its role and its flushed offset,
+updated every ``UPDATE_INTERVAL_S``. NameServers read it to tell clients where each group's
+master is. The role is ``--role master`` or ``slave`` as given, or with ``auto`` decided by an
+election on ``/txb/groups/<group>/master`` (``txbroker/cluster/election.py``): a slave while
+campaigning, master once elected, a slave again (campaigning again) if it steps down.
+
+Replication (txbroker/replication) reads :attr:`Membership.role` and is told of changes by
+``on_role``; nothing here changes what the broker accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from txbroker.cluster import (
+    Coordinator,
+    Election,
+    Registration,
+    connect_coordinator,
+)
+from txbroker.cluster._tasks import cancel_and_wait
+from txbroker.cluster.routes import BrokerInfo, Role, broker_key, master_key
+from txbroker.errors import CoordinationError, InvalidArgument
+from txbroker.server.config import ServerConfig
+
+__all__ = ["ROLES", "UPDATE_INTERVAL_S", "Membership", "MembershipSettings"]
+
+log = logging.getLogger(__name__)
+
+ROLES: Final = ("auto", "master", "slave")
+# How often the registration's flushed offset is rewritten: a write to etcd a second per broker
+# is nothing for etcd, and the offset is for operators and failover's choice, not for acks.
+UPDATE_INTERVAL_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipSettings:
+    coordinator: str  # etcd://...
+    group: str
+    broker_id: str
+    role: str  # auto | master | slave
+    address: str  # txb://host:port as clients reach it
+    http: str  # http://host:port
+
+    @classmethod
+    def of(cls, cfg: ServerConfig, port: int, http_port: int, tls: bool) -> MembershipSettings:
+        """From the broker's settings and the ports it listens on. A broker listening on every
+        address (0.0.0.0, ::) is advertised by the machine's name; its id defaults to
+        ``host-port``, unique per machine."""
+        assert cfg.coordinator is not None and cfg.group is not None
+        host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+        where = f"[{host}]" if ":" in host else host
+        return cls(
+            cfg.coordinator,
+            cfg.group,
+            cfg.broker_id or f"{host}-{port}",
+            cfg.role,
+            f"{'txbs' if tls else 'txb'}://{where}:{port}",
+            f"{'https' if tls else 'http'}://{where}:{http_port}",
+        )
+
+
+class Membership:
+    """Register, take the role, keep the registration current; :meth:`stop` ends all three.
+
+    ::
+
+        m = Membership(settings, flushed_offset=lambda: store.flushed_offset)
+        await m.start()  # registered (raises if etcd cannot be reached)
+        m.role  # Role.MASTER or Role.SLAVE
+        await m.stop()  # the key goes now; an elected master resigns
+    """
+
+    def __init__(
+        self,
+        settings: MembershipSettings,
+        *,
+        flushed_offset: Callable[[], int],
+        on_role: Callable[[Role], None] | None = None,
+        update_interval_s: float = UPDATE_INTERVAL_S,
+    ) -> None:
+        if settings.role not in ROLES:
+            raise InvalidArgument(f"role {settings.role!r}: expected one of {', '.join(ROLES)}")
+        broker_key(settings.group, settings.broker_id)  # the names are usable as keys
+        self.settings = settings
+        self.role = Role.MASTER if settings.role == "master" else Role.SLAVE
+        self.epoch = 0
+        self._flushed_offset = flushed_offset
+        self._on_role = on_role
+        self._update_interval_s = update_interval_s
+        self._coordinator: Coordinator | None = None
+        self._registration: Registration | None = None
+        self._election: Election | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def info(self) -> BrokerInfo:
+        s = self.settings
+        return BrokerInfo(
+            s.group,
+            s.broker_id,
+            self.role,
+            s.address,
+            s.http,
+            self._flushed_offset(),
+            self.epoch,
+        )
+
+    async def start(self) -> None:
+        s = self.settings
+        coordinator = self._coordinator = await connect_coordinator(s.coordinator)
+        try:
+            self._registration = Registration(
+                coordinator, broker_key(s.group, s.broker_id), self.info().to_json()
+            )
+            await self._registration.start()
+        except BaseException:
+            await coordinator.close()
+            raise
+        log.info(
+            "registered as %s in group %s (role %s) at %s",
+            s.broker_id,
+            s.group,
+            s.role,
+            s.coordinator,
+        )
+        self._tasks.append(asyncio.create_task(self._keep_current(), name="txb-registration"))
+        if s.role == "auto":
+            self._tasks.append(asyncio.create_task(self._campaign(), name="txb-election"))
+
+    async def _campaign(self) -> None:
+        assert self._coordinator is not None
+        s = self.settings
+        value = replace(self.info(), role=Role.MASTER).to_json()
+        election = self._election = Election(self._coordinator, master_key(s.group), value)
+        while True:
+            term = await election.campaign()
+            self._become(Role.MASTER, term.epoch)
+            await self._publish()
+            await election.stepped_down.wait()
+            self._become(Role.SLAVE, 0)
+            await self._publish()
+
+    def _become(self, role: Role, epoch: int) -> None:
+        if role is self.role and epoch == self.epoch:
+            return
+        self.role, self.epoch = role, epoch
+        log.warning(
+            "broker %s of group %s is now %s%s",
+            self.settings.broker_id,
+            self.settings.group,
+            role.value,
+            f" (epoch {epoch})" if epoch else "",
+        )
+        if self._on_role is not None:
+            try:
+                self._on_role(role)
+            except Exception:  # the role stands, whatever the callback did
+                log.exception("on_role failed")
+
+    async def _publish(self) -> None:
+        if self._registration is None:
+            return
+        with contextlib.suppress(CoordinationError):  # the next round writes it again
+            await self._registration.update(self.info().to_json())
+
+    async def _keep_current(self) -> None:
+        while True:
+            await asyncio.sleep(self._update_interval_s)
+            await self._publish()
+
+    async def stop(self) -> None:
+        """Unregister (and resign, if elected): the keys go now, so clients move on at once."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await cancel_and_wait(task)
+        try:
+            if self._election is not None:
+                with contextlib.suppress(CoordinationError):
+                    await self._election.resign()
+            if self._registration is not None:
+                with contextlib.suppress(CoordinationError):
+                    await self._registration.stop()
+        finally:
+            if self._coordinator is not None:
+                await self._coordinator.close()
