@@ -8,7 +8,7 @@ over one :class:`~txbroker_sdk.connection.Connection`.
 
 from __future__ import annotations
 
-from typing import Self, cast
+from typing import Any, Self, cast
 
 from txbroker.errors import TopicExists
 from txbroker.protocol.frames import Opcode
@@ -49,17 +49,18 @@ class Client(Connection):
     """A connection to the broker (see :class:`Connection` for connecting, deadlines and
     reconnects) with the broker's requests by name.
 
-    ``Client.connect("txbns://host:port[,host:port...]")``, NameServers' addresses instead of a
-    broker's, returns a :class:`~txbroker_sdk.cluster.ClusterClient`, which routes each request
-    to the broker group that holds its queue (docs/cluster.md)."""
+    ``Client.connect("txbns://host:port[,host:port...]")`` (or ``Client(...)``), NameServers'
+    addresses instead of a broker's, makes a :class:`~txbroker_sdk.cluster.ClusterClient`,
+    which routes each request to the broker group that holds its queue (docs/cluster.md)."""
 
-    @classmethod
-    def _class_for(cls, url: str) -> type[Self]:
-        from txbroker_sdk.cluster import ClusterClient, is_nameserver_url
+    def __new__(cls, url: str, *args: Any, **kwargs: Any) -> Self:
+        # Client("txbns://...") is a ClusterClient, so whatever makes a Client from a URL
+        # (Client.connect, the outbox relay, TxbService) takes NameServers as it is.
+        if cls is Client and url.startswith("txbns://"):
+            from txbroker_sdk.cluster import ClusterClient
 
-        if is_nameserver_url(url) and issubclass(ClusterClient, cls):
-            return cast("type[Self]", ClusterClient)
-        return cls
+            return cast("Self", object.__new__(ClusterClient))
+        return object.__new__(cls)
 
     async def ping(self) -> None:
         await self.request(Opcode.PING, Empty())

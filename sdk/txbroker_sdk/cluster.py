@@ -18,9 +18,10 @@ and the route is fetched again for the next.
 A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer group
 on every group's master holding the topic's queues and pulls from all of them.
 
-Not routed in this version: a batch is split by group (all or nothing within each group, not
-across groups); the ``TxPublisher``'s pipelined sends (``submit``/``post``) and the operator
-requests (topic listing and deletion, offsets, dead letters) need a broker's own address.
+``submit`` and ``post`` (what ``TxPublisher`` pipelines) are routed too, each as a task rather
+than a frame written in the caller's turn. A batch is split by group (all or nothing within
+each group, not across groups). Not routed in this version: the operator requests (topic
+listing and deletion, offsets, dead letters), which need a broker's own address.
 """
 
 from __future__ import annotations
@@ -82,9 +83,17 @@ TX_REMEMBERED: Final = 10_000
 
 
 # Refusals that say the route was wrong, with nothing stored: the broker is not reachable (the
-# request was never sent), the topic or the queue is not there. Worth one more try on a route
-# fetched again.
+# request was never sent), the topic or the queue is not there (NOT_FOUND; a queue id beyond
+# the group's is a plain INVALID_ARGUMENT). Worth one more try on a route fetched again.
 _ROUTING_ERRORS: Final = (BrokerUnreachable, NotFound, InvalidArgument)
+
+
+def _routing_error(e: BaseException) -> bool:
+    if isinstance(e, TransactionNotFound):
+        return False  # an answer about the transaction, not the route
+    if isinstance(e, InvalidArgument):
+        return type(e) is InvalidArgument  # not a too-large message, a bad name, a bad body
+    return isinstance(e, _ROUTING_ERRORS)
 
 
 def _global(receipt: SendReceipt, group: GroupRoute) -> SendReceipt:
@@ -281,7 +290,7 @@ class ClusterClient(Client):
                 res = await self.broker(group.master).request(opcode, body, timeout_s=timeout_s)
             except _ROUTING_ERRORS as e:
                 # Refused or never sent: nothing was stored, so a fresh route may be tried.
-                if attempt == 2 or isinstance(e, TransactionNotFound):
+                if attempt == 2 or not _routing_error(e):
                     raise
                 log.info("to %s of %s: %s; fetching the route again", group.group, req.topic, e)
                 continue
@@ -327,7 +336,7 @@ class ClusterClient(Client):
             pending = []
             for items, res in zip(parts.values(), results, strict=True):
                 if isinstance(res, BaseException):
-                    if attempt == 2 or not isinstance(res, _ROUTING_ERRORS):
+                    if attempt == 2 or not _routing_error(res):
                         raise res
                     pending.extend((i, req.messages[i]) for i, _, _ in items)
                     continue

@@ -137,7 +137,7 @@ class Connection:
         """Connect now, retrying a broker that is not there yet (still starting) for up to
         ``connect_deadline_s``, each failed attempt logged as a WARNING; 0 tries once. Then
         :class:`BrokerUnreachable` names the address."""
-        client = cls._class_for(url)(
+        client = cls(
             url,
             auth_token=auth_token,
             timeout_s=timeout_s,
@@ -150,12 +150,6 @@ class Connection:
         )
         await client._dial(connect_deadline_s)
         return client
-
-    @classmethod
-    def _class_for(cls, url: str) -> type[Self]:
-        """The class :meth:`connect` makes for ``url``: this one (``Client`` makes a
-        ``ClusterClient`` for a ``txbns://`` URL)."""
-        return cls
 
     async def _open(self) -> None:
         """One connection attempt: TCP (and TLS), then HELLO (which checks the auth token)."""

@@ -246,9 +246,21 @@ async def test_any_nameserver_answers(cluster: Cluster) -> None:
         route = await client.route("either", refresh=True)  # the second one answers
         assert [g.group for g in route.groups] == ["g1", "g2"]
         await client.send("either", b"2")
+    # Client(url) as the outbox relay and TxbService make it, with submit/post as TxPublisher
+    # pipelines: routed as well.
+    client = Client(cluster.url)
+    assert isinstance(client, ClusterClient)
+    try:
+        receipt = await client.submit(Opcode.SEND, SendRequest("either", b"3", key="k1"))
+        assert receipt.topic == "either"
+        client.post(Opcode.SEND, SendRequest("either", b"4"), note="test")
+        await client.drain(DEADLINE_S)
+        assert client.unanswered == 0
+    finally:
+        await client.close()
     # The CLI takes NameServers where it takes a broker (docs/cluster.md's commands).
     server = ["--server", cluster.url]
-    cluster.cli("send", "either", "--body", "3", "--key", "k1", *server)
-    got = cluster.cli("consume", "either", "--group", "cli", "--max", "3", *server, "--json")
+    cluster.cli("send", "either", "--body", "5", "--key", "k1", *server)
+    got = cluster.cli("consume", "either", "--group", "cli", "--max", "5", *server, "--json")
     bodies = sorted(json.loads(line)["body"] for line in got.splitlines())
-    assert bodies == ["1", "2", "3"]
+    assert bodies == ["1", "2", "3", "4", "5"]
