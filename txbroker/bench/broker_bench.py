@@ -46,13 +46,23 @@ def broker_process(
 
 @contextlib.contextmanager
 def _broker(
-    flush: str, data_root: Path | None = None, extra: tuple[str, ...] = ()
+    flush: str, data_root: Path | None = None, extra: tuple[str, ...] = (), replicas: int = 0
 ) -> Iterator[BrokerProcess]:
+    """A broker on free ports; with ``replicas``, that many slaves following it (same flush
+    mode), started before the run and stopped after it (docs/cluster.md, "Replication")."""
     root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
     broker = BrokerProcess(root / "data", "--flush", flush, *extra)
+    slaves: list[BrokerProcess] = []
     try:
-        yield broker.start()
+        broker.start()
+        for i in range(replicas):
+            slave = BrokerProcess(root / f"slave{i}", "--flush", flush, "--replica-of", broker.url)
+            slaves.append(slave)
+            slave.start()
+        yield broker
     finally:
+        for slave in slaves:
+            slave.stop()
         broker.stop()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -184,11 +194,22 @@ def bench_produce(
     runs: int,
     data_root: Path | None = None,
     progress: OnRun | None = None,
+    replicas: int = 0,
+    replication: str = "async",
 ) -> dict[str, object]:
+    """Produce against a broker; with ``replicas``, the same runs twice, in one call: first
+    without slaves (``baseline`` in the result), then with that many slaves and
+    ``--replication`` (the result itself), so the two compare on the same machine state."""
+
     def one(url: str) -> ProduceResult:
         return run_client(_produce(url, flush, messages, size, producers, batch, inflight))
 
-    return repeat_against_broker(one, runs, flush, data_root, progress)
+    if not replicas:
+        return repeat_against_broker(one, runs, flush, data_root, progress)
+    baseline = repeat_against_broker(one, runs, flush, data_root, progress)
+    extra = ("--replication", replication)
+    res = repeat_against_broker(one, runs, flush, data_root, progress, extra, replicas)
+    return {**res, "replicas": replicas, "replication": replication, "baseline": baseline}
 
 
 @dataclass(frozen=True)
@@ -263,13 +284,14 @@ def repeat_against_broker(
     data_root: Path | None,
     progress: OnRun | None,
     extra: tuple[str, ...] = (),
+    replicas: int = 0,
 ) -> dict[str, object]:
     """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians."""
     rows = []
     for i in range(runs):
         if progress is not None:
             progress(i, runs)
-        with _broker(flush, data_root, extra) as broker:
+        with _broker(flush, data_root, extra, replicas) as broker:
             assert broker.proc is not None
             cpu0 = cpu_seconds(broker.proc.pid)
             row = asdict(one(broker.url))  # type: ignore[call-overload]
@@ -306,6 +328,24 @@ def format_produce(res: dict[str, object]) -> str:
         f"  ack latency   p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
         f"p999 {lat['p999_ms']} ms  max {lat['max_ms']} ms\n"
         f"  broker CPU    {broker_cpu_per(m, 'messages'):,.1f} us per message (with its syncer)"
+    ) + _replication_lines(res)
+
+
+def _replication_lines(res: dict[str, object]) -> str:
+    """With ``--replicas``: the run against slaves beside the baseline without them."""
+    base = res.get("baseline")
+    if not isinstance(base, dict):
+        return ""
+    m, b = res["median"], base["median"]
+    assert isinstance(m, dict) and isinstance(b, dict)
+    lat, blat = m["ack_latency"], b["ack_latency"]
+    ratio = m["msgs_per_s"] / b["msgs_per_s"] if b["msgs_per_s"] else 0.0
+    return (
+        f"\n  with {res['replicas']} slave(s), replication={res['replication']}; "
+        f"without slaves (baseline, same call):\n"
+        f"  throughput    {b['msgs_per_s']:>10,.0f} msgs/s without, {ratio:.2f}x with slaves\n"
+        f"  ack latency   p50 {blat['p50_ms']} ms  p99 {blat['p99_ms']} ms without; "
+        f"p99 {lat['p99_ms']} ms with slaves"
     )
 
 

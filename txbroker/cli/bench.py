@@ -53,6 +53,19 @@ def register(sub: Subparsers) -> None:
     bp.add_argument("--producers", type=positive, default=4, help="client connections")
     bp.add_argument("--batch", type=positive, default=1, help="messages per request (1: single)")
     bp.add_argument("--inflight", type=positive, default=64, help="single sends in flight each")
+    bp.add_argument(
+        "--replicas",
+        type=non_negative,
+        default=0,
+        help="slaves following the broker (0: none); with slaves each run is also made "
+        "without them first, as the baseline",
+    )
+    bp.add_argument(
+        "--replication",
+        choices=["sync", "async"],
+        default="async",
+        help="with --replicas: what a send waits for (sync: the slaves' flush too)",
+    )
     common(bp)
     bp.set_defaults(func=_produce)
 
@@ -231,6 +244,8 @@ def _produce(args: argparse.Namespace) -> int:
             args.runs,
             _root(args),
             progress=progress,
+            replicas=args.replicas,
+            replication=args.replication,
         )
     print(json.dumps(res) if args.json else format_produce(res))
     return 0

@@ -88,6 +88,10 @@ class StoreReplication(StoreCore):
         their queues and the key index as recovery does. Returns the (topic, queue) pairs that
         grew. Durability is the caller's: await ``committer.wait_durable()``."""
         self._check_open()
+        if offset != self.log.write_pos:
+            raise InvalidOffset(
+                f"replicated bytes start at {offset}, this log ends at {self.log.write_pos}"
+            )
         records = parse_records(data, offset)  # all verified before anything is written
         try:
             self.log.append_raw(offset, data, next_offset)
