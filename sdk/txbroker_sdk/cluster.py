@@ -197,6 +197,9 @@ class ClusterClient(Client):
         return any(ns.connected for ns in self._nameservers)
 
     async def close(self) -> None:
+        """Wait (at most ``timeout_s``) for what ``submit``/``post`` sent, then close every
+        connection."""
+        await self.drain(self._timeout_s)
         clients = [*self._nameservers, *self._brokers.values()]
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         await super().close()

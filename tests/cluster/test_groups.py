@@ -165,12 +165,19 @@ async def test_producers_spread_over_both_groups_and_a_consumer_gets_each_once(
     assert extra == []
 
 
-async def test_a_route_change_is_picked_up(cluster: Cluster) -> None:
+async def test_a_route_change_is_picked_up(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("txbroker_sdk.consumer.ROUTE_CHECK_S", 0.2)  # the consumer's look
     cluster.topic_create("moves", 4, "g1")
     client = await ClusterClient.connect(cluster.url)
     client.refresh_s = 0.2  # the periodic refresh, made short
+    consumer = Consumer(client, "billing", "moves")
+    await consumer.start()  # on g1 alone
+    sent = 0
     try:
         assert {(await client.send("moves", b"x")).queue_id for _ in range(8)} == {0, 1, 2, 3}
+        sent += 8
         # The topic grows onto g2: its share first, then the route (as topic create does).
         async with await Client.connect(cluster.brokers["g2"].url) as g2:
             await g2.create_topic("moves", 4)
@@ -180,9 +187,19 @@ async def test_a_route_change_is_picked_up(cluster: Cluster) -> None:
         deadline = time.monotonic() + DEADLINE_S
         seen: set[int] = set()
         while not seen >= {4, 5, 6, 7} and time.monotonic() < deadline:
-            seen.add((await client.send("moves", b"y")).queue_id)
+            seen.add((await client.send("moves", f"y{sent}".encode())).queue_id)
+            sent += 1
         assert seen >= {4, 5, 6, 7}
+        # The consumer joined g2 too: it gets every message, g2's included.
+        got: collections.Counter[bytes] = collections.Counter()
+        while sum(got.values()) < sent and time.monotonic() < deadline:
+            for m in await consumer.fetch(FETCH_MS):
+                got[m.body] += 1
+                m.ack()
+        assert sum(got.values()) == sent
+        assert consumer._parts is not None and set(consumer._parts) == {"g1", "g2"}
     finally:
+        await consumer.close()
         await client.close()
 
     # A routing error: the topic leaves g1 for g2 alone, and a client whose route is fresh
@@ -254,10 +271,9 @@ async def test_any_nameserver_answers(cluster: Cluster) -> None:
         receipt = await client.submit(Opcode.SEND, SendRequest("either", b"3", key="k1"))
         assert receipt.topic == "either"
         client.post(Opcode.SEND, SendRequest("either", b"4"), note="test")
-        await client.drain(DEADLINE_S)
-        assert client.unanswered == 0
     finally:
-        await client.close()
+        await client.close()  # waits for the post's answer first
+    assert client.unanswered == 0
     # The CLI takes NameServers where it takes a broker (docs/cluster.md's commands).
     server = ["--server", cluster.url]
     cluster.cli("send", "either", "--body", "5", "--key", "k1", *server)
