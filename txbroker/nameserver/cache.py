@@ -106,7 +106,10 @@ class RouteCache:
         try:
             if key.startswith(TOPICS_PREFIX):
                 route = TopicRoute.from_json(value)
-                self.routes[route.topic] = route
+                name = key.removeprefix(TOPICS_PREFIX)
+                if route.topic != name:  # a deletion of the key must find it by the key
+                    raise CoordinationError(f"the route of {route.topic!r} under {key}")
+                self.routes[name] = route
             elif key.startswith(BROKERS_PREFIX):
                 self.brokers[key] = BrokerInfo.from_json(value)
         except CoordinationError as e:  # someone wrote by hand; the rest of the view stands
