@@ -134,7 +134,10 @@ class ReplicaTracker:
                 return fut
             b = self._open = _Batch(offset, self._loop.create_future())
             b.timer = self._loop.call_at(self._loop.time() + self._timeout_s, self._expire, b)
-            self._batches.append(b)
+            batches = self._batches
+            while batches and batches[0].fut.done():  # timed out with no report since
+                batches.popleft()
+            batches.append(b)
         elif offset > b.target:
             b.target = offset
         return b.fut

@@ -408,7 +408,8 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
         """In sync mode, a future resolved when everything appended so far is on disk. With a
         replication gate (sync replication), when enough replicas have flushed it too."""
         if self.replication_gate is not None:
-            return self.replication_gate.covering(self.log.write_pos)
+            # The gate's future is shared; this one is the caller's own, which it may cancel.
+            return asyncio.shield(self.replication_gate.covering(self.log.write_pos))
         if not self._sync:
             return None
         assert self._committer is not None

@@ -1,0 +1,57 @@
+"""The master's ReplicaTracker as the store's replication gate, on a real store in-process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import OpenStore
+from txbroker.errors import ReplicationTimeout
+from txbroker.server.replication import ReplicaTracker
+from txbroker.store import Message
+
+
+async def test_writes_wait_for_min_insync_slaves(open_store: OpenStore) -> None:
+    store = await open_store()
+    tracker = store.replication_gate = ReplicaTracker(store, min_insync=2, timeout_s=30)
+    store.append_nowait(Message("t", b"a"))
+    first = store.durable_together()
+    store.append_nowait(Message("t", b"b"))
+    assert store.durable_together() is first  # one future for the writes of a round
+    end = store.write_offset
+    await asyncio.wait_for(store.committer.drain(), 10)  # the gate started the master's flush
+    assert store.flushed_offset == end
+    tracker.report("s1", end)
+    await asyncio.sleep(0)
+    assert first is not None and not first.done()  # one slave of the two
+    tracker.report("s2", end - 1)
+    await asyncio.sleep(0)
+    assert not first.done()  # the second has not flushed the last byte
+    store.append_nowait(Message("t", b"c"))  # after a report: the next round's future
+    second = store.durable_together()
+    assert second is not first
+    tracker.report("s2", end)
+    await asyncio.wait_for(first, 1)
+    assert second is not None and not second.done()
+    # A caller's own wait (durable()) may be cancelled without touching the shared one.
+    own = store.durable()
+    assert own is not None
+    own.cancel()
+    await asyncio.sleep(0)
+    assert not second.cancelled()
+    tracker.report("s1", store.write_offset)
+    tracker.report("s2", store.write_offset)
+    await asyncio.wait_for(second, 1)
+    assert [r["replica"] for r in tracker.status()] == ["s1", "s2"]
+
+
+async def test_a_write_no_slave_acknowledges_fails_after_the_timeout(
+    open_store: OpenStore,
+) -> None:
+    store = await open_store()
+    store.replication_gate = ReplicaTracker(store, min_insync=1, timeout_s=0.2)
+    with pytest.raises(ReplicationTimeout, match="0 of the 1 slaves"):
+        await asyncio.wait_for(store.append(Message("t", b"lonely")), 5)
+    # The record is in the master's log all the same (the answer says it may be delivered).
+    assert store.write_offset > 0
