@@ -16,6 +16,7 @@ from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.runtime.brokerproc import READY_PREFIX
 from txbroker.runtime.fdlimit import FileLimit, open_files, raise_nofile_limit
+from txbroker.runtime.gctune import tune_for_serving
 from txbroker.runtime.httpserve import HttpServer
 from txbroker.runtime.signals import stop_on_signals
 from txbroker.runtime.tls import TlsFiles, server_context
@@ -439,6 +440,7 @@ def _warn_if_exposed(cfg: ServerConfig, access: Access, port: int, http_port: in
 async def serve(config: ServerConfig, http_routes: HttpRoutes | None = None) -> None:
     server = BrokerServer(config, http_routes)
     await server.start()
+    tune_for_serving()  # after start-up and recovery: what is alive now is frozen
     stop = stop_on_signals()
     print(
         f"{READY_PREFIX} tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
