@@ -38,7 +38,14 @@ from typing import Any, Final
 import google_crc32c
 import msgspec
 
-from txbroker.errors import InvalidArgument, NoRoute, NotFound, TopicExists, TransactionNotFound
+from txbroker.errors import (
+    BadRequest,
+    InvalidArgument,
+    NoRoute,
+    NotFound,
+    TopicExists,
+    TransactionNotFound,
+)
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     Empty,
@@ -183,14 +190,18 @@ class ClusterClient(Client):
     async def _dial(self, deadline_s: float) -> None:
         """``connect()``: a NameServer answers (each tried in turn, for up to ``deadline_s``)."""
         deadline = time.monotonic() + deadline_s
-        while True:
-            try:
-                await self._ask(RouteRequest(""))
-                return
-            except BrokerUnreachable:
-                if time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(0.1)  # a back-off between rounds, not a synchronisation
+        try:
+            while True:
+                try:
+                    await self._ask(RouteRequest(""))
+                    return
+                except BrokerUnreachable:
+                    if time.monotonic() >= deadline:
+                        raise
+                await asyncio.sleep(0.1)  # a back-off between rounds, not a synchronisation
+        except BaseException:
+            await self.close()  # connect() failed: no connection is left open behind it
+            raise
 
     @property
     def connected(self) -> bool:
@@ -217,6 +228,11 @@ class ClusterClient(Client):
             except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
                 errors.append(f"{self._nameservers[k]._url}: {e}")
                 continue
+            except BadRequest as e:  # a broker answers "opcode 70 is not served"
+                raise InvalidArgument(
+                    f"{self._nameservers[k]._url} is not a NameServer ({e}); a broker's address "
+                    "is txb://host:port"
+                ) from e
             self._current = k
             return res
         raise BrokerUnreachable(f"no NameServer of {self.url} answered: {'; '.join(errors)}")

@@ -20,7 +20,7 @@ from tests.cluster.conftest import EtcdServer
 from tests.cluster.groups import NameServerProcess, masters_of, wait_for_brokers
 from tests.conftest import IN_CI
 from txbroker.cluster.routes import Role, choose_masters, spread_queues
-from txbroker.errors import NoRoute
+from txbroker.errors import InvalidArgument, NoRoute
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import RouteRequest, SendRequest
 from txbroker.runtime.brokerproc import BrokerProcess
@@ -241,6 +241,9 @@ async def _send_until_moved(client: ClusterClient, topic: str) -> object:
 
 
 async def test_the_nameserver_answers_clearly_for_an_unknown_topic(cluster: Cluster) -> None:
+    broker = cluster.brokers["g1"].url.removeprefix("txb://")
+    with pytest.raises(InvalidArgument, match=r"is not a NameServer.*opcode 70 is not served"):
+        await Client.connect(f"txbns://{broker}")  # a broker's address by mistake
     async with await Client.connect(cluster.url) as client:
         with pytest.raises(NoRoute, match=r"no route for topic 'nowhere'.*topic create nowhere"):
             await client.send("nowhere", b"x")
