@@ -56,8 +56,8 @@ async def test_slave_log_is_byte_identical_and_consumable(brokers: Brokers) -> N
     async with await Client.connect(slave.url) as c:
         with pytest.raises(NotMaster, match=master.url):
             await c.send("orders", b"not here")
-    slave.stop()
-    master.stop()
+    assert slave.stop() == 0
+    assert master.stop() == 0
     mine, theirs = _segments(master.data_dir), _segments(slave.data_dir)
     assert len(mine) == 2, "the log should have rolled into a second segment"
     assert mine.keys() == theirs.keys()
@@ -110,3 +110,21 @@ async def test_sync_send_fails_in_bounded_time_without_its_slave(brokers: Broker
         assert 0.5 < waited < 5, waited
         for i in range(20):  # async replication does not wait for slaves
             await asyncio.wait_for(a.send("t", f"async {i}".encode()), timeout=5)
+
+
+async def test_a_killed_slave_recovers_and_catches_up(brokers: Brokers) -> None:
+    master = brokers.master()
+    slave = brokers.slave(master)
+    async with await Client.connect(master.url) as c:
+        await c.create_topic("orders", queues=2)
+        for i in range(100):
+            await c.send("orders", _body(i))
+        await _consume_all(slave.url, "orders", {_body(i) for i in range(100)})
+        slave.kill()  # kill -9: an ordinary store recovery at the next start
+        for i in range(100, 300):  # past the first segment while the slave is away
+            await c.send("orders", _body(i))
+    again = brokers.slave(master)  # the same data directory
+    await _consume_all(again.url, "orders", {_body(i) for i in range(300)})
+    assert again.stop() == 0
+    assert master.stop() == 0
+    assert _segments(master.data_dir) == _segments(slave.data_dir)
