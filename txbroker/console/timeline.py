@@ -194,7 +194,7 @@ async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
     t.events.append(Event(at, "prepare", "prepared", detail, "info"))
 
     # back-checks (since the broker started) and %TXOP: park, resume, rollback
-    for c in tx.history if tx is not None else ():
+    for c in (tx.history or ()) if tx is not None else ():
         outcome = c.outcome.lower()  # an answer's status is upper case on the wire
         tone = {"commit": "ok", "rollback": "warn"}.get(outcome, "bad")
         reason = f"{c.reason} ({c.seconds * 1000:.0f} ms)" if c.reason else f"{c.seconds:.3f} s"

@@ -276,7 +276,7 @@ class BackChecker:
 
     def _record(self, tx: Tx, res: CheckResult) -> None:
         key = res.status.value if res.outcome is CheckOutcome.ANSWERED else res.outcome.value
-        tx.history.append(CheckRecord(_now_ms(), key, res.reason, res.seconds))
+        tx.record_check(CheckRecord(_now_ms(), key, res.reason, res.seconds))
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         self.latency_sum += res.seconds
         for i, bound in enumerate(BUCKETS):

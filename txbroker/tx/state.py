@@ -156,9 +156,15 @@ class Tx:
     half: tuple[bytes, dict[str, str], int] | None = field(default=None, repr=False)
     # While a PREPARE or a resolution is being written: what a concurrent request waits for.
     pending: asyncio.Future[Any] | None = field(default=None, repr=False)
-    history: deque[CheckRecord] = field(
-        default_factory=lambda: deque(maxlen=CHECK_HISTORY_MAX), repr=False
-    )
+    # The back-checks since the broker started, made at the first one (``record_check``): most
+    # transactions never have one, and the broker keeps up to RECENT_MAX ended ones, each an
+    # object the garbage collector walks (a deque each would double them).
+    history: deque[CheckRecord] | None = field(default=None, repr=False)
+
+    def record_check(self, record: CheckRecord) -> None:
+        if self.history is None:
+            self.history = deque(maxlen=CHECK_HISTORY_MAX)
+        self.history.append(record)
 
     @property
     def ended(self) -> bool:
