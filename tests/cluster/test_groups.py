@@ -283,3 +283,29 @@ async def test_any_nameserver_answers(cluster: Cluster) -> None:
     got = cluster.cli("consume", "either", "--group", "cli", "--max", "5", *server, "--json")
     bodies = sorted(json.loads(line)["body"] for line in got.splitlines())
     assert bodies == ["1", "2", "3", "4", "5"]
+
+
+async def test_cluster_status_shows_groups_roles_offsets_and_routes(cluster: Cluster) -> None:
+    await wait_for_brokers(cluster.etcd.url, masters_of("g1", "g2"))
+    cluster.topic_create("status-orders", 6, "g1,g2")
+    status = json.loads(
+        cluster.cli("cluster", "status", "--coordinator", cluster.etcd.url, "--json")
+    )
+    groups = {g["group"]: g for g in status["groups"]}
+    assert set(groups) == {"g1", "g2"} and status["revision"] > 0
+    assert groups["g1"]["master"] == "g1-a" and groups["g1"]["elected"] is None  # --role master
+    assert groups["g2"]["master"] == "g2-a" and groups["g2"]["elected"] == "g2-a"  # --role auto
+    assert int(groups["g2"]["election_lease"], 16) > 0
+    brokers = {b["broker"]: b for b in status["brokers"]}
+    assert brokers["g1-a"]["role"] == "master" and brokers["g1-a"]["lag_bytes"] == 0
+    assert brokers["g1-a"]["address"] == cluster.brokers["g1"].url
+    assert brokers["g2-a"]["epoch"] > 0 and int(brokers["g2-a"]["lease"], 16) > 0
+    assert all(b["flushed_offset"] >= 0 for b in brokers.values())
+    (route,) = [t for t in status["topics"] if t["topic"] == "status-orders"]
+    assert route["groups"] == [
+        {"group": "g1", "queues": [0, 1, 2]},
+        {"group": "g2", "queues": [3, 4, 5]},
+    ]
+
+    text = cluster.cli("cluster", "status", "--coordinator", cluster.etcd.url)
+    assert "g1-a" in text and "g2-a" in text and "status-orders" in text and "g1: 0-2" in text

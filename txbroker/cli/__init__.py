@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from txbroker.cli import (
         bench,
         chaos,
+        cluster,
         db,
         dlq,
         groups,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     for group in (
         serve,
         nameserver,
+        cluster,
         topics,
         messages,
         tx,

@@ -1,0 +1,86 @@
+"""`txbroker cluster status`: broker groups, roles, offsets, replication lag and lease holders,
+as etcd has them (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from txbroker.cli.common import Subparsers, run
+from txbroker.cli.output import Column, print_json, print_table
+from txbroker.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from txbroker.cluster.status import ClusterStatus
+
+__all__ = ["register"]
+
+
+def register(sub: Subparsers) -> None:
+    c = sub.add_parser("cluster", help="broker groups as etcd has them")
+    csub = c.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = csub.add_parser(
+        "status",
+        help="groups, masters, each broker's role, flushed offset, lag and lease; topic routes",
+        description="Read the cluster's state from etcd: each group's master (and, where its "
+        "brokers elect one, the election key's holder and lease), every registered broker with "
+        "its role, flushed offset, bytes behind its master and registration lease, and every "
+        "topic's route. Offsets are the brokers' last registrations (about every second).",
+    )
+    p.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
+    )
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    p.set_defaults(func=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
+    if not coordinator:
+        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    status = run(_read(coordinator))
+    if args.json:
+        print_json(status.to_json())
+        return 0
+    print_table(
+        ["GROUP", "MASTER", "ELECTED", "ELECTION LEASE", Column("BROKERS", numeric=True),
+         Column("MAX LAG (B)", numeric=True)],
+        [(g.group, g.master or "-", g.elected or "-", g.election_lease or "-", g.brokers,
+          "-" if g.max_lag_bytes is None else g.max_lag_bytes) for g in status.groups],
+        title=f"groups (etcd revision {status.revision})",
+        empty="no broker groups registered",
+    )  # fmt: skip
+    print_table(
+        ["GROUP", "BROKER", "ROLE", "ADDRESS", Column("FLUSHED", numeric=True),
+         Column("LAG (B)", numeric=True), Column("EPOCH", numeric=True), "LEASE"],
+        [(b.group, b.broker, b.role, b.address, b.flushed_offset,
+          "-" if b.lag_bytes is None else b.lag_bytes, b.epoch, b.lease) for b in status.brokers],
+        title="brokers",
+        empty="no brokers registered",
+    )  # fmt: skip
+    print_table(
+        ["TOPIC", Column("QUEUES", numeric=True), "GROUPS"],
+        [(t.topic, t.queues, ", ".join(f"{s.group}: {_span(s.queues)}" for s in t.shares))
+         for t in status.topics],
+        title="topic routes",
+        empty="no topics routed over groups",
+    )  # fmt: skip
+    return 0
+
+
+async def _read(url: str) -> ClusterStatus:
+    from txbroker.cluster import connect_coordinator
+    from txbroker.cluster.status import read_status
+
+    async with await connect_coordinator(url) as coordinator:
+        return await read_status(coordinator)
+
+
+def _span(queues: tuple[int, ...]) -> str:
+    """0-3 for a block, else the list."""
+    if queues and list(queues) == list(range(queues[0], queues[-1] + 1)) and len(queues) > 1:
+        return f"{queues[0]}-{queues[-1]}"
+    return ",".join(map(str, queues))
