@@ -296,8 +296,6 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
     def _reserve(self, batch: Sequence[_Prepared]) -> dict[tuple[str, int], ConsumeQueue]:
         """Create the files ``batch`` will be written to (see :meth:`_write_all`); return its
         consume queues, new ones included (they join the store when a record is written)."""
-        if len(batch) == 1:
-            return self._reserve_one(batch[0])
         sizes: list[int] = []
         counts: dict[tuple[str, int], int] = {}
         entries = 0
@@ -320,24 +318,6 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
             queues[key] = cq
         self.index.reserve(entries, phys)
         return queues
-
-    def _reserve_one(self, p: _Prepared) -> dict[tuple[str, int], ConsumeQueue]:
-        """:meth:`_reserve` for one record (single sends, transactions), without the batch's
-        lists and counts."""
-        topic, tb, body, qid, flags, _born, props, props_b, _mid = p
-        phys = self.log.reserve([_HEADER_BYTES + len(tb) + len(props_b) + len(body)])
-        key = (topic, qid)
-        cq = self.queues.get(key)
-        if cq is None:
-            start = self.fences.start(topic, qid)
-            cq = ConsumeQueue(self._cq_root, topic, qid, self.config.cq_entries_per_file, start)
-        cq.reserve(1)
-        if not flags & _UNINDEXED:
-            keys = props.get(PROP_KEYS)
-            entries = 1 + (keys.count(KEY_SEPARATOR) + 1 if keys else 0)
-            entries += (PROP_IDEMPOTENCY_KEY in props) + (PROP_INTERNAL_KEY in props)
-            self.index.reserve(entries, phys)
-        return {key: cq}
 
     def _write(
         self, batch: Sequence[_Prepared], queues: dict[tuple[str, int], ConsumeQueue]
