@@ -20,7 +20,9 @@ What is done around it, and why:
   its own).
 - **Several endpoints**: aetcd talks to one ``host:port``, so there is one aetcd client per
   endpoint of the URL. A call goes to the endpoint that answered last; when that one cannot be
-  reached it moves to the next, within the same deadline. A write whose request may have reached
+  reached it moves to the next, and round again after a short pause, all within the same
+  deadline (an etcd restarting is answered about a second after it serves: gRPC's reconnect
+  back-off is capped at 1 s). A write whose request may have reached
   etcd (a deadline passed, a stream broke) is *not* sent again elsewhere, since it may have been
   applied: the caller gets ``CoordinatorUnavailable`` and decides (the election checks whether
   its key carries its lease, lease.py / election.py).
@@ -71,7 +73,17 @@ _GRPC_OPTIONS: Final = {
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
     "grpc.keepalive_permit_without_calls": 1,
+    # gRPC waits out a growing back-off (1 s, x1.6, up to 120 s) before it dials a refused
+    # endpoint again, failing every call at once meanwhile: an etcd back after a restart would
+    # stay unreachable for minutes. Capped at 1 s, a call retrying within its deadline
+    # (EtcdCoordinator._call) reaches it about a second after it serves.
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 1_000,
 }
+# Between passes over every endpoint, while the deadline allows: short, since each pass that
+# finds none reachable costs a refused dial, not a wait.
+_RETRY_PAUSE_S: Final = 0.1
 _UNREACHABLE: Final = (
     aetcd.exceptions.ConnectionFailedError,
     aetcd.exceptions.ConnectionTimeoutError,
@@ -143,45 +155,56 @@ class EtcdCoordinator(Coordinator):
             raise CoordinationError(f"{request}: the etcd session ({self.url}) is closed")
         budget_s = self.request_timeout_s
         end = time.monotonic() + budget_s
-        failures: list[str] = []
+        failures: dict[Endpoint, str] = {}  # the last failure seen at each endpoint
         n = len(self._clients)
-        first = self._current
-        for step in range(n):
-            i = (first + step) % n
-            endpoint = self.url.endpoints[i]
+        while True:
+            first = self._current
+            for step in range(n):
+                i = (first + step) % n
+                endpoint = self.url.endpoints[i]
+                left_s = end - time.monotonic()
+                if left_s <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(left_s):
+                        result = await op(self._clients[i])
+                except TimeoutError as e:  # the asyncio bound: the request may have arrived
+                    failures[endpoint] = f"no answer within {budget_s:g} s"
+                    self._current = (i + 1) % n
+                    if not idempotent:
+                        raise self._unavailable(request, failures) from e
+                    continue
+                except _UNREACHABLE as e:
+                    failures[endpoint] = _describe(e, budget_s)
+                    self._current = (i + 1) % n
+                    if not (idempotent or _not_sent(e)):
+                        raise self._unavailable(request, failures) from e
+                    continue
+                except aetcd.exceptions.RevisionCompactedError as e:
+                    raise CoordinationError(
+                        f"{request} at etcd {endpoint}: revision compacted below "
+                        f"{e.compacted_revision}; list again and watch from the listing's "
+                        "revision"
+                    ) from e
+                except aetcd.exceptions.ClientError as e:
+                    if _lease_gone(e):
+                        raise LeaseExpired(
+                            f"{request} at etcd {endpoint}: the lease is gone"
+                        ) from e
+                    raise CoordinationError(f"{request} at etcd {endpoint} failed: {e}") from e
+                self._current = i
+                return result
+            # No endpoint answered this pass, and every failure was safe to retry (a refused
+            # dial, or an idempotent read): an etcd restarting, or a leader being elected,
+            # comes back within the deadline more often than not.
             left_s = end - time.monotonic()
-            if left_s <= 0:
-                break
-            try:
-                async with asyncio.timeout(left_s):
-                    result = await op(self._clients[i])
-            except TimeoutError as e:  # the asyncio bound: the request may have arrived
-                failures.append(f"{endpoint}: no answer within {budget_s:g} s")
-                self._current = (i + 1) % n
-                if not idempotent:
-                    raise self._unavailable(request, failures) from e
-                continue
-            except _UNREACHABLE as e:
-                failures.append(f"{endpoint}: {_describe(e, budget_s)}")
-                self._current = (i + 1) % n
-                if not (idempotent or _not_sent(e)):
-                    raise self._unavailable(request, failures) from e
-                continue
-            except aetcd.exceptions.RevisionCompactedError as e:
-                raise CoordinationError(
-                    f"{request} at etcd {endpoint}: revision compacted below "
-                    f"{e.compacted_revision}; list again and watch from the listing's revision"
-                ) from e
-            except aetcd.exceptions.ClientError as e:
-                if _lease_gone(e):
-                    raise LeaseExpired(f"{request} at etcd {endpoint}: the lease is gone") from e
-                raise CoordinationError(f"{request} at etcd {endpoint} failed: {e}") from e
-            self._current = i
-            return result
-        raise self._unavailable(request, failures)
+            if left_s <= _RETRY_PAUSE_S:
+                raise self._unavailable(request, failures)
+            await asyncio.sleep(_RETRY_PAUSE_S)
 
-    def _unavailable(self, request: str, failures: list[str]) -> CoordinatorUnavailable:
-        tried = "; ".join(failures) or f"no time left of {self.request_timeout_s:g} s"
+    def _unavailable(self, request: str, failures: dict[Endpoint, str]) -> CoordinatorUnavailable:
+        tried = "; ".join(f"{e}: {why}" for e, why in failures.items())
+        tried = tried or f"no time left of {self.request_timeout_s:g} s"
         return CoordinatorUnavailable(
             f"{request}: no etcd endpoint of {self.url} answered ({tried}). Is etcd running "
             "and reachable? (docs/cluster.md)"
