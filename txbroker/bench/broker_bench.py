@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from txbroker.bench.repl_lag import INTERVAL_S, LagSampler
 from txbroker.protocol.messages import SendRequest
 from txbroker.runtime.brokerproc import BrokerProcess
 
@@ -40,16 +41,16 @@ def broker_process(
     flush: str, data_root: Path | None = None, extra: tuple[str, ...] = ()
 ) -> Iterator[str]:
     """Run `txbroker serve` on free ports; yield its txb:// address."""
-    with _broker(flush, data_root, extra) as broker:
+    with _broker(flush, data_root, extra) as (broker, _):
         yield broker.url
 
 
 @contextlib.contextmanager
 def _broker(
     flush: str, data_root: Path | None = None, extra: tuple[str, ...] = (), replicas: int = 0
-) -> Iterator[BrokerProcess]:
-    """A broker on free ports; with ``replicas``, that many slaves following it (same flush
-    mode), started before the run and stopped after it (docs/cluster.md, "Replication")."""
+) -> Iterator[tuple[BrokerProcess, list[BrokerProcess]]]:
+    """A broker on free ports and its slaves: with ``replicas``, that many following it (same
+    flush mode), started before the run and stopped after it (docs/cluster.md, "Replication")."""
     root = Path(tempfile.mkdtemp(prefix="txb-bench-broker-", dir=data_root))
     broker = BrokerProcess(root / "data", "--flush", flush, *extra)
     slaves: list[BrokerProcess] = []
@@ -59,7 +60,7 @@ def _broker(
             slave = BrokerProcess(root / f"slave{i}", "--flush", flush, "--replica-of", broker.url)
             slaves.append(slave)
             slave.start()
-        yield broker
+        yield broker, slaves
     finally:
         for slave in slaves:
             slave.stop()
@@ -199,7 +200,8 @@ def bench_produce(
 ) -> dict[str, object]:
     """Produce against a broker; with ``replicas``, the same runs twice, in one call: first
     without slaves (``baseline`` in the result), then with that many slaves and
-    ``--replication`` (the result itself), so the two compare on the same machine state."""
+    ``--replication`` (the result itself), so the two compare on the same machine state; the
+    replicated runs also carry ``replication_lag``, the slaves' lag sampled under load."""
 
     def one(url: str) -> ProduceResult:
         return run_client(_produce(url, flush, messages, size, producers, batch, inflight))
@@ -286,15 +288,20 @@ def repeat_against_broker(
     extra: tuple[str, ...] = (),
     replicas: int = 0,
 ) -> dict[str, object]:
-    """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians."""
+    """Run ``one(url)`` ``runs`` times, each against a fresh broker; summarise the medians.
+    With ``replicas``, the slaves' lag behind it is sampled while ``one`` runs (repl_lag.py)."""
     rows = []
     for i in range(runs):
         if progress is not None:
             progress(i, runs)
-        with _broker(flush, data_root, extra, replicas) as broker:
+        with _broker(flush, data_root, extra, replicas) as (broker, slaves):
             assert broker.proc is not None
             cpu0 = cpu_seconds(broker.proc.pid)
-            row = asdict(one(broker.url))  # type: ignore[call-overload]
+            lag = LagSampler(broker.http, [s.http for s in slaves])
+            with lag if slaves else contextlib.nullcontext(lag):
+                row = asdict(one(broker.url))  # type: ignore[call-overload]
+            if slaves:
+                row["replication_lag"] = lag.summary()
             # The broker's CPU over the run (with its syncer), beside the run's own figures.
             row["broker_cpu_s"] = round(cpu_seconds(broker.proc.pid) - cpu0, 3)
             rows.append(row)
@@ -338,14 +345,18 @@ def _replication_lines(res: dict[str, object]) -> str:
         return ""
     m, b = res["median"], base["median"]
     assert isinstance(m, dict) and isinstance(b, dict)
-    lat, blat = m["ack_latency"], b["ack_latency"]
+    lat, blat, lag = m["ack_latency"], b["ack_latency"], m["replication_lag"]
     ratio = m["msgs_per_s"] / b["msgs_per_s"] if b["msgs_per_s"] else 0.0
     return (
         f"\n  with {res['replicas']} slave(s), replication={res['replication']}; "
         f"without slaves (baseline, same call):\n"
         f"  throughput    {b['msgs_per_s']:>10,.0f} msgs/s without, {ratio:.2f}x with slaves\n"
         f"  ack latency   p50 {blat['p50_ms']} ms  p99 {blat['p99_ms']} ms without; "
-        f"p99 {lat['p99_ms']} ms with slaves"
+        f"p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms with slaves\n"
+        f"  slave lag     p50 {lag['bytes_p50']:,.0f} B  p99 {lag['bytes_p99']:,.0f} B  "
+        f"max {lag['bytes_max']:,.0f} B behind the master's flushed log\n"
+        f"                p50 {lag['ms_p50']} ms  p99 {lag['ms_p99']} ms  max {lag['ms_max']} ms "
+        f"behind it in time ({lag['samples']:.0f} readings under load, every {INTERVAL_S} s)"
     )
 
 
