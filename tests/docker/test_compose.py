@@ -1,5 +1,6 @@
 """docker/ read without a daemon: the compose file through Debian's docker-compose (v1) `config`,
-the Prometheus config and alert rules through promtool, the rest parsed as YAML or JSON."""
+with and without the cluster profile, the Prometheus config and alert rules through promtool, the
+rest parsed as YAML or JSON."""
 
 from __future__ import annotations
 
@@ -25,32 +26,151 @@ def need(tool: str) -> str:
 
 
 def load_yaml(path: Path) -> Any:
+    return parse_yaml(path.read_text())
+
+
+def parse_yaml(text: str) -> Any:
     """YAML through the system Python's PyYAML, which Debian's docker-compose depends on (the
     project itself has no YAML dependency)."""
     need("docker-compose")
-    script = "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))"
+    script = "import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))"
     r = subprocess.run(
-        ["/usr/bin/python3", "-c", script, str(path)], capture_output=True, text=True, timeout=60
+        ["/usr/bin/python3", "-c", script], input=text, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def test_compose_config_validates() -> None:
+def compose(*args: str) -> subprocess.CompletedProcess[str]:
+    """`docker-compose -f docker/compose.yaml ARGS...` (v1 takes --profile before the command)."""
     cli = need("docker-compose")
-    r = subprocess.run(
-        [cli, "-f", str(DOCKER / "compose.yaml"), "config", "-q"],
+    return subprocess.run(
+        [cli, "-f", str(DOCKER / "compose.yaml"), *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+DEFAULT_SERVICES = {
+    "postgres",
+    "broker",
+    "orders",
+    "billing",
+    "relay",
+    "reconcile",
+    "otel-collector",
+    "jaeger",
+    "prometheus",
+    "grafana",
+}
+CLUSTER_BROKERS = {"broker-g1-a", "broker-g1-b", "broker-g2-a", "broker-g2-b"}
+CLUSTER_SERVICES = {"etcd", "nameserver", "cluster-topics", *CLUSTER_BROKERS}
+COORDINATOR = "etcd://etcd:2379"
+
+
+def test_compose_config_validates() -> None:
+    r = compose("config", "-q")
     assert r.returncode == 0, r.stderr
+
+
+def flag(command: list[str], name: str) -> str | None:
+    """The value after ``name`` in a command list (given at most once), or None."""
+    assert command.count(name) <= 1, (name, command)
+    return command[command.index(name) + 1] if name in command else None
+
+
+def cluster_config() -> dict[str, Any]:
+    r = compose("--profile", "cluster", "config")
+    assert r.returncode == 0, r.stderr
+    config = parse_yaml(r.stdout)
+    assert isinstance(config, dict)
+    return config
+
+
+def test_cluster_profile_validates() -> None:
+    r = compose("--profile", "cluster", "config", "-q")
+    assert r.returncode == 0, r.stderr
+    r = compose("config", "--profiles")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cluster"]
+
+
+def test_cluster_profile_starts_only_with_the_profile() -> None:
+    """docker-compose v1's `config` lists every service whatever the profile, so this reads the
+    profiles themselves: the cluster's services carry `profiles: [cluster]`, the default stack
+    none, and no default service depends on a cluster one (that would start it without the
+    profile)."""
+    services = cluster_config()["services"]
+    assert set(services) == DEFAULT_SERVICES | CLUSTER_SERVICES
+    for name in CLUSTER_SERVICES:
+        assert services[name].get("profiles") == ["cluster"], name
+    for name in DEFAULT_SERVICES:
+        s = services[name]
+        assert "profiles" not in s, name
+        assert not set(s.get("depends_on") or ()) & CLUSTER_SERVICES, name
+
+
+def test_cluster_brokers_elect_through_etcd() -> None:
+    config = cluster_config()
+    services = config["services"]
+    etcd = services["etcd"]["command"]
+    assert services["etcd"]["image"].startswith(
+        ("quay.io/coreos/etcd:v3.4.", "gcr.io/etcd-development/etcd:v3.4.")
+    )
+    assert flag(etcd, "--listen-client-urls") == "http://0.0.0.0:2379"
+    assert flag(etcd, "--advertise-client-urls") == "http://etcd:2379"
+
+    groups: dict[str, list[str]] = {}
+    ids: set[str | None] = set()
+    volumes: set[str] = set()
+    for name in CLUSTER_BROKERS:
+        s = services[name]
+        cmd = s["command"]
+        assert cmd[:2] == ["txbroker", "serve"], name
+        assert flag(cmd, "--coordinator") == COORDINATOR, name
+        assert flag(cmd, "--role") == "auto", name
+        assert flag(cmd, "--replica-of") is None, name  # --role auto follows the elected master
+        assert flag(cmd, "--replication") == "sync", name
+        assert flag(cmd, "--host") == "0.0.0.0", name
+        # Listening on 0.0.0.0 the broker registers its hostname: the service's name resolves.
+        assert s["hostname"] == name
+        group = flag(cmd, "--group")
+        assert group is not None, name
+        groups.setdefault(group, []).append(name)
+        ids.add(flag(cmd, "--broker-id"))
+        data_dir = flag(cmd, "--data-dir")
+        (volume,) = [v for v in s["volumes"] if v.split(":")[1] == data_dir]
+        source = volume.split(":")[0]
+        assert source in config["volumes"], name  # a named volume, not the container's layer
+        volumes.add(source)
+        assert "etcd" in s["depends_on"], name
+    assert {g: len(b) for g, b in groups.items()} == {"g1": 2, "g2": 2}
+    assert len(ids) == len(volumes) == len(CLUSTER_BROKERS)
+    assert not volumes & {"brokerdata", "etcddata"}
+
+    ns = services["nameserver"]
+    assert ns["command"][:2] == ["txbroker", "nameserver"]
+    assert flag(ns["command"], "--coordinator") == COORDINATOR
+    assert flag(ns["command"], "--host") == "0.0.0.0"
+    assert "etcd" in ns["depends_on"]
+
+    topics = services["cluster-topics"]
+    cmd = topics["command"]
+    assert cmd[:4] == ["txbroker", "topic", "create", "orders"]
+    assert flag(cmd, "--queues") == "8" and flag(cmd, "--groups") == "g1,g2"
+    assert flag(cmd, "--coordinator") == COORDINATOR
+    # One-shot: retried until both groups have a master, never restarted once done.
+    assert topics["restart"] == "on-failure"
+    assert set(topics["depends_on"]) >= CLUSTER_BROKERS
 
 
 def test_every_process_exports_to_the_collector() -> None:
     services = load_yaml(DOCKER / "compose.yaml")["services"]
     ours = {n: s for n, s in services.items() if s.get("image") == "txbroker:local"}
-    assert set(ours) == {"broker", "orders", "billing", "relay", "reconcile"}
+    default = {n for n, s in ours.items() if "profiles" not in s}
+    assert default == {"broker", "orders", "billing", "relay", "reconcile"}
+    assert set(ours) - default == CLUSTER_SERVICES - {"etcd"}
     for name, s in ours.items():
         env = s["environment"]
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318", name
