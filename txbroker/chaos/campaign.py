@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from txbroker.chaos.dbrestart import postgres_restart, private_postgres
 from txbroker.chaos.diskfull import disk_full, small_disk
+from txbroker.chaos.failover import async_cluster, check_tails, master_failover, sync_cluster
 from txbroker.chaos.figures import Figures
 from txbroker.chaos.network import network_faults, proxied
 from txbroker.chaos.scenarios import Sizes, Skip, broker_kill, broker_stop, service_kill
@@ -44,6 +45,8 @@ class Scenario:
     help: str
     run: Run
     setting: Setting | None = None  # None: SQLite databases, the broker's data in the folder
+    # Checks of the scenario's own, after the world's (before the reconciliation).
+    after: Callable[[World, Figures], Awaitable[None]] | None = None
 
 
 @contextlib.asynccontextmanager
@@ -81,6 +84,20 @@ def _registry() -> dict[str, Scenario]:
             "the broker's disk (a small tmpfs) filled under load, then emptied",
             disk_full,
             small_disk,
+        ),
+        Scenario(
+            "master-failover",
+            "kill -9 of a group's master (2 groups of 3, sync replication) under load",
+            master_failover,
+            sync_cluster,
+            check_tails,
+        ),
+        Scenario(
+            "master-failover-async",
+            "the same with async replication: the loss window measured",
+            master_failover,
+            async_cluster,
+            check_tails,
         ),
     ]
     return {s.name: s for s in scenarios}
@@ -159,12 +176,14 @@ async def _run_one(
             world.rng = rng
             await scenario.run(world, sizes, f)
             await world.settle_and_check(f)
+            if scenario.after is not None:
+                await scenario.after(world, f)
             if reconciler is not None:
                 f.reconciled, n = await asyncio.to_thread(
                     reconciler.run,
                     world.orders_url,
                     world.billing_url,
-                    world.data_dir,
+                    await world.logs(),
                     root / "reconcile",
                 )
                 f.anomalies += n

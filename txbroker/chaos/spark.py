@@ -44,10 +44,13 @@ class Reconciler:
             return str(e)
         return None
 
-    def run(self, orders_url: str, billing_url: str, log: Path, out: Path) -> tuple[str, int]:
-        """One pass over a settled world: ("clean" | "N anomalies: reasons", anomaly count)."""
+    def run(
+        self, orders_url: str, billing_url: str, log: Path | dict[str, Path], out: Path
+    ) -> tuple[str, int]:
+        """One pass over a settled world: ("clean" | "N anomalies: reasons", anomaly count).
+        ``log``: the broker's data directory, or each broker group's (its master's)."""
         from txbroker_reconcile.jars import find_jars
-        from txbroker_reconcile.options import JobOptions, ServiceSpec
+        from txbroker_reconcile.options import JobOptions, LogSpec, ServiceSpec
         from txbroker_reconcile.run import _Progress, reconcile
         from txbroker_reconcile.session import spark_session
 
@@ -59,7 +62,10 @@ class Reconciler:
                 ServiceSpec("orders", orders_url, NAMESPACE),
                 ServiceSpec("billing", billing_url, "billing", ((EFFECTS.name, "ref"),)),
             ),
-            log=log,
+            log=log if isinstance(log, Path) else None,
+            logs=tuple(LogSpec(g, d) for g, d in sorted(log.items()))
+            if isinstance(log, dict)
+            else (),
             out=out,
             grace_s=0,  # the world has settled: everything is judged
             as_of_ms=int(time.time() * 1000),

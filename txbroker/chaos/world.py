@@ -23,6 +23,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from txbroker.chaos.cluster import Cluster
 from txbroker.chaos.figures import Figures
 from txbroker.chaos.pgserver import PrivatePostgres
 from txbroker.chaos.procs import Child, Progress, free_port
@@ -69,6 +70,9 @@ class WorldSpec:
     proxy: FaultProxy | None = None  # the network-faults scenario's
     postgres: PrivatePostgres | None = None  # the database-restart scenario's
     disk: Path | None = None  # the disk-full scenario's small filesystem
+    # The failover scenario's broker groups, in place of the one broker (its setting starts
+    # and stops them; service_url is its NameServer).
+    cluster: Cluster | None = None
     settle_s: float = 90.0
     client_timeout_s: float = 5.0
     lifetime_s: float = 900.0
@@ -130,13 +134,19 @@ class World:
 
     async def __aenter__(self) -> World:
         try:
-            await self.start_broker()
-            self.service_url = self.service_url or self.broker.url
+            cluster = self.spec.cluster
+            if cluster is None:
+                await self.start_broker()
+                self.service_url = self.service_url or self.broker.url
             for url in (self.orders_url, self.billing_url):
                 await asyncio.to_thread(upgrade, url)
-            async with Client(self.broker.url) as admin:
+            if cluster is not None:  # every topic spread over every group
                 for topic, _ in SUBSCRIPTIONS:
-                    await admin.create_topic(topic, queues=2, exist_ok=True)
+                    await cluster.create_topic(topic, queues=2 * len(cluster.groups))
+            else:
+                async with Client(self.broker.url) as admin:
+                    for topic, _ in SUBSCRIPTIONS:
+                        await admin.create_topic(topic, queues=2, exist_ok=True)
             self.billing = self._child("billing", ["--db", self.billing_url])
             await self.billing.start()
             self.orders = self._child(
@@ -280,28 +290,41 @@ class World:
         s = Settled()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spec.settle_s
+        while True:
+            try:
+                s.open_transactions = await self._open_transactions()
+            except TxbError as e:
+                s.notes.append(f"listing transactions failed: {e}")
+            committed, audits = await self._expected(orders)
+            async with orders.connect() as conn:
+                q = sa.select(sa.func.count()).where(OUTBOX.c.published_at.is_(None))
+                s.unpublished = int(await conn.scalar(q.select_from(OUTBOX)) or 0)
+            applied = await self._applied(billing)
+            s.missing = len(self.expected_refs(committed, audits) - set(applied))
+            if s.open_transactions == 0 and s.unpublished == 0 and s.missing == 0:
+                return s
+            if loop.time() > deadline:
+                s.notes.append(
+                    f"not settled in {self.spec.settle_s:.0f} s: {s.open_transactions} open "
+                    f"transactions, {s.unpublished} outbox rows unpublished, {s.missing} "
+                    "effects missing"
+                )
+                return s
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    async def logs(self) -> Path | dict[str, Path]:
+        """The commit log to reconcile: the broker's data, or each group's master's."""
+        cluster = self.spec.cluster
+        if cluster is None:
+            return self.data_dir
+        masters = await cluster.masters()
+        return {g: cluster.member(b.broker_id).proc.data_dir for g, b in masters.items()}
+
+    async def _open_transactions(self) -> int:
+        if self.spec.cluster is not None:
+            return await self.spec.cluster.open_transactions()
         async with Client(self.broker.url) as admin:
-            while True:
-                try:
-                    s.open_transactions = (await admin.list_transactions(limit=1)).total
-                except TxbError as e:
-                    s.notes.append(f"listing transactions failed: {e}")
-                committed, audits = await self._expected(orders)
-                async with orders.connect() as conn:
-                    q = sa.select(sa.func.count()).where(OUTBOX.c.published_at.is_(None))
-                    s.unpublished = int(await conn.scalar(q.select_from(OUTBOX)) or 0)
-                applied = await self._applied(billing)
-                s.missing = len(self.expected_refs(committed, audits) - set(applied))
-                if s.open_transactions == 0 and s.unpublished == 0 and s.missing == 0:
-                    return s
-                if loop.time() > deadline:
-                    s.notes.append(
-                        f"not settled in {self.spec.settle_s:.0f} s: {s.open_transactions} open "
-                        f"transactions, {s.unpublished} outbox rows unpublished, {s.missing} "
-                        "effects missing"
-                    )
-                    return s
-                await asyncio.sleep(SETTLE_POLL_S)
+            return (await admin.list_transactions(limit=1)).total
 
     async def _check(
         self,

@@ -34,7 +34,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,6 +53,9 @@ DEFAULT_TTL_S: Final = 3
 # Between attempts when etcd cannot be reached: often enough to win soon after it is back, not
 # so often that a hundred brokers hammer a recovering etcd.
 RETRY_INTERVAL_S: Final = 0.5
+# A candidate that is not the best one (``eligible``) looks again this often while the key is
+# vacant: the better one usually wins within a round trip, or its registration ends.
+ELIGIBILITY_RECHECK_S: Final = 0.2
 
 
 class ElectionState(enum.Enum):
@@ -97,7 +100,9 @@ class Election:
         await election.resign()
 
     ``on_step_down(reason)`` is called (in the event loop, synchronously) the moment
-    leadership is lost; ``stepped_down`` is set then too.
+    leadership is lost; ``stepped_down`` is set then too. ``eligible()``, if given, is asked
+    each time the key is vacant: a candidate that is not the best one now does not campaign
+    (failover: the slave with the most recent log should win).
     """
 
     def __init__(
@@ -109,8 +114,10 @@ class Election:
         ttl_s: int = DEFAULT_TTL_S,
         safety_margin_s: float | None = None,
         on_step_down: Callable[[str], None] | None = None,
+        eligible: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self._eligible = eligible
         self.key = key
         self.value = value
         self.ttl_s = ttl_s
@@ -160,6 +167,9 @@ class Election:
 
     async def _attempt(self) -> Term | None:
         await self._wait_vacant()
+        if self._eligible is not None and not await self._eligible():
+            await asyncio.sleep(ELIGIBILITY_RECHECK_S)  # a back-off: the better one may win
+            return None
         lease = await self.coordinator.grant_lease(self.ttl_s)
         try:
             epoch = await self._create(lease)

@@ -96,6 +96,9 @@ class BrokerInfo:
     http: str  # http://host:port: the admin API
     flushed_offset: int = 0  # commit-log bytes durable on this broker, updated periodically
     epoch: int = 0  # as master elected with --role auto: the election key's create revision
+    # The last master epoch its log holds writes of (server/epochs.py): with the flushed
+    # offset, what ranks candidates for the election (the most recent history wins).
+    log_epoch: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -107,6 +110,7 @@ class BrokerInfo:
                 "http": self.http,
                 "flushed_offset": self.flushed_offset,
                 "epoch": self.epoch,
+                "log_epoch": self.log_epoch,
             },
             sort_keys=True,
         ).encode()
@@ -123,6 +127,7 @@ class BrokerInfo:
                 str(d.get("http", "")),
                 int(d.get("flushed_offset", 0)),
                 int(d.get("epoch", 0)),
+                int(d.get("log_epoch", 0)),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise CoordinationError(f"broker registration {d!r}: {e!r}") from e

@@ -335,6 +335,7 @@ class ReplFetchRequest(msgspec.Struct, frozen=True):
     flushed_offset: int  # the slave's log is durable below this offset
     max_bytes: int = 1 << 20  # bound on data (one record larger than this comes whole)
     wait_ms: int = 1_000  # hold the request this long when nothing new is flushed
+    last_epoch: int = 0  # the last master epoch in the slave's history (server/epochs.py)
 
 
 class ReplFetchResponse(msgspec.Struct, frozen=True):
@@ -346,6 +347,11 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     data: bytes
     next_offset: int
     master_flushed: int  # the master's flushed offset when answering (the slave's lag)
+    # The master's epoch history [(epoch, start offset)], which the slave keeps as its own.
+    epochs: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    # >= 0: the slave's log runs past where its last epoch ended on the master (a divergent
+    # tail): it must cut its log at this offset before it fetches again; no data then.
+    truncate_to: int = -1
 
 
 class RouteRequest(msgspec.Struct, frozen=True):

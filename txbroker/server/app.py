@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from starlette.routing import BaseRoute, Mount
 
@@ -28,6 +29,8 @@ from txbroker.server.connection import Connection
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.deletion import TopicDeletion
+from txbroker.server.epochs import EpochHistory
+from txbroker.server.failover import Failover, MasterDuties
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_direct_handlers, build_handlers
 from txbroker.server.http import build_http_app
@@ -93,6 +96,11 @@ class BrokerServer:
         self.replication = config.replication_settings()
         self.replicas: ReplicaTracker | None = None  # master: its slaves' flushed offsets
         self.replicator: Replicator | None = None  # slave: the task following the master
+        self.failover: Failover | None = None  # --role auto in a group: the role as elected
+        self.epochs = EpochHistory(config.data_dir / "meta")
+        # Set when the broker must restart to apply a tail cut (failover.py); serve() does.
+        self.restart = asyncio.Event()
+        self.restart_reason = ""
 
     async def start(self) -> None:
         cfg = self.config
@@ -117,9 +125,14 @@ class BrokerServer:
         # (the mover refuses until the transactions are recovered, so none is lost meanwhile).
         self.store.retention_hook = self._halves = HalfMover(self.store)
         slave = self.replication.replica_of
-        if slave is not None:  # its log is the master's: no write of its own, no copies
+        elects = cfg.elects
+        # A slave's log is its master's: no write of its own, no copies. An electing broker
+        # starts as one, and takes the master's duties if it wins (failover.py).
+        passive = slave is not None or elects
+        if slave is not None:
             self.store.follow(slave)
             self.store.retention_hook = None
+        self.epochs.load()
         self.topics.adopt_fences(self.store.fences.as_dict())  # as recovery left them
         self.groups.load()
         self.groups.prune(self.topics.exists)
@@ -128,7 +141,7 @@ class BrokerServer:
             self.store, self.topics, cfg.data_dir / "meta", notifier.notify
         )
         self.scheduler.load()
-        if slave is None:  # a slave's delayed messages are moved by its master
+        if not passive:  # a slave's delayed messages are moved by its master
             self.scheduler.start()
         producer = Producer(
             self.store,
@@ -156,7 +169,7 @@ class BrokerServer:
             ),
             notifier.notify,
         )
-        if slave is None:  # transactions are the master's (back-checks, recovery copies)
+        if not passive:  # transactions are the master's (back-checks, recovery copies)
             await self.tx.recover()
             self._halves.start(self.tx)
         self.checker = BackChecker(
@@ -176,7 +189,7 @@ class BrokerServer:
             ),
         )
         self.tx.on_prepared = self.checker.schedule
-        if slave is None:
+        if not passive:
             self.checker.start()
         admin = self._admin = Admin(self.store, self.topics, self.groups)
         deletion = TopicDeletion(self.store, self.topics, self.groups, notifier, self.tx)
@@ -185,7 +198,11 @@ class BrokerServer:
             admin, self.topics, producer, self.consumer, retry, self.tx, deletion
         )
         direct = build_direct_handlers(self.tx, producer)
-        self.replicas = install_replication(self.replication, self.store, handlers, direct)
+        if elects:
+            self.failover = self._failover(handlers, direct, notifier)
+            self.failover.start()
+        else:
+            self.replicas = install_replication(self.replication, self.store, handlers, direct)
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
@@ -277,9 +294,14 @@ class BrokerServer:
             )
             self.replicator.start()
         if cfg.coordinator is not None and cfg.group is not None:
+            failover = self.failover
             self.membership = Membership(
                 MembershipSettings.of(cfg, self.port, self.http_port, tls is not None),
                 flushed_offset=lambda: self.store.flushed_offset if self.store else 0,
+                log_epoch=lambda: self.epochs.last_epoch,
+                on_master=failover.on_master if failover is not None else None,
+                on_elected=failover.promote if failover is not None else None,
+                on_step_down=failover.step_down if failover is not None else None,
             )
             await self.membership.start()
         for route in extra:
@@ -288,6 +310,52 @@ class BrokerServer:
                 log.info(
                     "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
                 )
+
+    def _failover(
+        self, handlers: dict[int, Any], direct: dict[int, Any], notifier: Notifier
+    ) -> Failover:
+        cfg = self.config
+        assert self.store and self.tx and self.checker and self.scheduler and self._halves
+        duties = MasterDuties(
+            self.store,
+            self.tx,
+            self.checker,
+            self.scheduler,
+            self._halves,
+            handlers,
+            direct,
+            self.replication,
+            self.epochs,
+        )
+        store, topics = self.store, self.topics
+        name = replica_name(cfg.data_dir / "meta")
+
+        def replicator_for(master: str) -> Replicator:
+            return Replicator(
+                store,
+                topics,
+                master,
+                name,
+                notifier.notify,
+                cfg.auth_token,
+                epochs=self.epochs,
+                on_diverged=failover.diverged,
+            )
+
+        failover = Failover(duties, replicator_for, cfg.data_dir, self._request_restart)
+        return failover
+
+    def _request_restart(self, reason: str) -> None:
+        log.warning("restart requested: %s", reason)
+        self.restart_reason = reason
+        self.restart.set()
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this broker takes writes now (a broker of no group always does)."""
+        if self.failover is not None:
+            return self.failover.duties.active
+        return not self.replication.slave
 
     def _tls_files(self) -> TlsFiles | None:
         cfg = self.config
@@ -339,11 +407,11 @@ class BrokerServer:
         """Expire silent group members, sample the rates operators see and persist committed
         offsets, once a second; copy old open half messages forward now and then."""
         ticks = 0
-        is_slave = self.replication.slave  # a slave copies nothing forward: its master does
         while True:
             await asyncio.sleep(1)
             ticks += 1
-            if self._halves is not None and ticks % COMPACT_INTERVAL_S == 0 and not is_slave:
+            # A slave copies nothing forward: its master does.
+            if self._halves is not None and ticks % COMPACT_INTERVAL_S == 0 and self.is_master:
                 try:
                     await self._halves.compact()
                 except Exception:  # the next round retries; the log says why
@@ -369,6 +437,8 @@ class BrokerServer:
             await self.replicator.stop()
         if self.membership is not None:
             await self.membership.stop()  # clients move to another broker at once
+        if self.failover is not None:
+            await self.failover.stop()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             await asyncio.gather(self._housekeeping, return_exceptions=True)
@@ -396,11 +466,11 @@ class BrokerServer:
         if self._server is not None:
             await self._server.wait_closed()
         await self.groups.snapshot.save_async()
-        if self.checker is not None:
+        if self.checker is not None and self.is_master:
             await self.checker.stop()
-        if self.tx is not None:
+        if self.tx is not None and self.is_master:
             await self.tx.snapshot.save_async()
-        if self.scheduler is not None:
+        if self.scheduler is not None and self.is_master:
             await self.scheduler.stop()
         if self.store is not None:
             await self.store.close()
@@ -448,7 +518,17 @@ async def serve(config: ServerConfig, http_routes: HttpRoutes | None = None) -> 
         f"flush={config.flush.value}" + (" tls=on" if config.tls_cert is not None else ""),
         flush=True,
     )
-    await stop.wait()
+    restart = asyncio.ensure_future(server.restart.wait())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((restart, stopping), return_when=asyncio.FIRST_COMPLETED)
+    restart.cancel()
+    stopping.cancel()
     print("txbroker stopping: answering in-flight requests, flushing the store", file=sys.stderr)
     await server.stop()
+    if server.restart.is_set() and not stop.is_set():
+        # The same command again, in this process (same pid, same output): the store's open
+        # applies the tail cut failover recorded (failover.py).
+        print(f"txbroker restarting: {server.restart_reason}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os.execv(sys.executable, sys.orig_argv)
     print("txbroker stopped", file=sys.stderr, flush=True)

@@ -178,6 +178,12 @@ class ServerConfig:
         _check_cluster(self)
         self.replication_settings()  # raises InvalidArgument on a bad value
 
+    @property
+    def elects(self) -> bool:
+        """Whether this broker's role follows its group's election (``--role auto`` in a
+        group): it starts as a slave and may become master (failover.py)."""
+        return self.coordinator is not None and self.group is not None and self.role == "auto"
+
     def replication_settings(self) -> ReplicationSettings:
         """The replication settings, read as one (``txbroker.server.replication``)."""
         return ReplicationSettings(
@@ -242,6 +248,11 @@ def _check_cluster(cfg: ServerConfig) -> None:
         raise InvalidArgument(f"role must be auto, master or slave, got {cfg.role!r}")
     if cfg.coordinator is not None:
         parse_coordinator_url(cfg.coordinator)  # a typo stops the start
+        if cfg.role == "auto" and cfg.replica_of is not None:
+            raise InvalidArgument(
+                "with --role auto a broker follows its group's elected master; give "
+                "--replica-of only with --role slave"
+            )
 
 
 def _coerce(values: dict[str, Any]) -> dict[str, Any]:

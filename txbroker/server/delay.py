@@ -94,6 +94,12 @@ class DelayScheduler:
         if self._path.exists():
             self._cursors = msgspec.json.decode(self._path.read_bytes(), type=dict[int, int])
 
+    def forget_cursors(self) -> None:
+        """Read every level from its first retained message again (a slave taking over: its
+        cursors, if any, are from an earlier term); moves already made are found by their
+        keys and not made twice."""
+        self._cursors = {}
+
     def start(self) -> None:
         self._wake = {i: asyncio.Event() for i in range(len(LEVELS_MS))}
         self._tasks = [

@@ -8,8 +8,11 @@ master is. The role is ``--role master`` or ``slave`` as given, or with ``auto``
 election on ``/txb/groups/<group>/master`` (``txbroker/cluster/election.py``): a slave while
 campaigning, master once elected, a slave again (campaigning again) if it steps down.
 
-Replication (txbroker/replication) reads :attr:`Membership.role` and is told of changes by
-``on_role``; nothing here changes what the broker accepts.
+With ``auto`` the broker's role follows the election (failover.py): Membership watches the
+election key and reports the group's master (``on_master``), campaigns only while it is the
+best candidate (:meth:`Membership.eligible`: the most recent epoch history, then the highest
+flushed offset, then the lowest id), awaits ``on_elected(epoch)`` before it says it is master,
+and calls ``on_step_down()`` synchronously the moment leadership is lost.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -29,7 +32,8 @@ from txbroker.cluster import (
     connect_coordinator,
 )
 from txbroker.cluster._tasks import cancel_and_wait
-from txbroker.cluster.routes import BrokerInfo, Role, broker_key, master_key
+from txbroker.cluster.election import watch_leader
+from txbroker.cluster.routes import BROKERS_PREFIX, BrokerInfo, Role, broker_key, master_key
 from txbroker.errors import CoordinationError, InvalidArgument
 from txbroker.server.config import ServerConfig
 
@@ -88,6 +92,10 @@ class Membership:
         flushed_offset: Callable[[], int],
         on_role: Callable[[Role], None] | None = None,
         update_interval_s: float = UPDATE_INTERVAL_S,
+        log_epoch: Callable[[], int] = lambda: 0,
+        on_master: Callable[[BrokerInfo | None], None] | None = None,
+        on_elected: Callable[[int], Awaitable[None]] | None = None,
+        on_step_down: Callable[[], None] | None = None,
     ) -> None:
         if settings.role not in ROLES:
             raise InvalidArgument(f"role {settings.role!r}: expected one of {', '.join(ROLES)}")
@@ -97,6 +105,10 @@ class Membership:
         self.epoch = 0
         self._flushed_offset = flushed_offset
         self._on_role = on_role
+        self._log_epoch = log_epoch
+        self._on_master = on_master
+        self._on_elected = on_elected
+        self._on_step_down = on_step_down
         self._update_interval_s = update_interval_s
         self._coordinator: Coordinator | None = None
         self._registration: Registration | None = None
@@ -113,6 +125,7 @@ class Membership:
             s.http,
             self._flushed_offset(),
             self.epoch,
+            self._log_epoch(),
         )
 
     async def start(self) -> None:
@@ -135,20 +148,82 @@ class Membership:
         )
         self._tasks.append(asyncio.create_task(self._keep_current(), name="txb-registration"))
         if s.role == "auto":
+            if self._on_master is not None:
+                self._tasks.append(asyncio.create_task(self._watch_master(), name="txb-master"))
             self._tasks.append(asyncio.create_task(self._campaign(), name="txb-election"))
 
     async def _campaign(self) -> None:
         assert self._coordinator is not None
         s = self.settings
         value = replace(self.info(), role=Role.MASTER).to_json()
-        election = self._election = Election(self._coordinator, master_key(s.group), value)
+        election = self._election = Election(
+            self._coordinator,
+            master_key(s.group),
+            value,
+            on_step_down=self._stepped_down,
+            eligible=self.eligible if self._on_elected is not None else None,
+        )
         while True:
             term = await election.campaign()
+            if self._on_elected is not None:
+                try:
+                    await self._on_elected(term.epoch)
+                except Exception:
+                    log.exception("cannot take over as master of %s; resigning", s.group)
+                    await election.resign()
+                    continue
+            if election.stepped_down.is_set():  # lost while taking over
+                continue
             self._become(Role.MASTER, term.epoch)
             await self._publish()
             await election.stepped_down.wait()
             self._become(Role.SLAVE, 0)
             await self._publish()
+
+    def _stepped_down(self, _reason: str) -> None:
+        if self._on_step_down is not None:
+            self._on_step_down()
+
+    async def eligible(self) -> bool:
+        """Whether this broker is the best candidate among the group's registered slaves now:
+        the most recent epoch history, then the most log flushed, then the lowest id. A dead
+        master's registration (role master) lingers until its lease ends: not a candidate."""
+        assert self._coordinator is not None
+        await self._publish()  # this broker's offset as it is now, for the others to compare
+        me = self.info()
+        mine = (me.log_epoch, me.flushed_offset)
+        listing = await self._coordinator.list_prefix(f"{BROKERS_PREFIX}{me.group}/")
+        for kv in listing.items:
+            try:
+                other = BrokerInfo.from_json(kv.value)
+            except CoordinationError:
+                continue
+            if other.broker_id == me.broker_id or other.role is Role.MASTER:
+                continue
+            theirs = (other.log_epoch, other.flushed_offset)
+            if theirs > mine or (theirs == mine and other.broker_id < me.broker_id):
+                log.info(
+                    "not campaigning yet: %s holds more (epoch %d, offset %d against %d, %d)",
+                    other.broker_id,
+                    *theirs,
+                    *mine,
+                )
+                return False
+        return True
+
+    async def _watch_master(self) -> None:
+        """Tell ``on_master`` who leads the group (another broker), or that none does."""
+        assert self._coordinator is not None and self._on_master is not None
+        async for kv in watch_leader(self._coordinator, master_key(self.settings.group)):
+            info: BrokerInfo | None = None
+            if kv is not None:
+                try:
+                    info = BrokerInfo.from_json(kv.value)
+                except CoordinationError:
+                    log.warning("the election key of %s holds no broker", self.settings.group)
+            if info is not None and info.broker_id == self.settings.broker_id:
+                continue  # its own term: failover.py is told by on_elected
+            self._on_master(info)
 
     def _become(self, role: Role, epoch: int) -> None:
         if role is self.role and epoch == self.epoch:

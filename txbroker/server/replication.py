@@ -28,6 +28,7 @@ from txbroker.errors import InvalidArgument, NotMaster, ReplicationTimeout
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import ReplFetchRequest, ReplFetchResponse
 from txbroker.server.connection import DirectHandler, Handler
+from txbroker.server.epochs import EpochHistory
 from txbroker.store import MessageStore
 
 __all__ = [
@@ -222,13 +223,37 @@ class _FlushSignal:
             await asyncio.wait((self._fut,), timeout=left)  # never cancels the shared future
 
 
-def fetch_handler(store: MessageStore, tracker: ReplicaTracker) -> Handler:
+def fetch_handler(
+    store: MessageStore, tracker: ReplicaTracker, epochs: EpochHistory | None = None
+) -> Handler:
     """The master's REPL_FETCH: record the slave's report, hold the request until the log is
-    flushed past ``from_offset`` (at most ``wait_ms``), answer with whole flushed records."""
+    flushed past ``from_offset`` (at most ``wait_ms``), answer with whole flushed records.
+    With an epoch history (elected masters), first tell a slave whose log runs past where its
+    last epoch ended here to cut it there (epochs.py)."""
     signal: _FlushSignal | None = None
 
     async def repl_fetch(req: ReplFetchRequest) -> ReplFetchResponse:
         nonlocal signal
+        history = epochs.entries if epochs is not None else []
+        if history:
+            end = epochs.end_of(req.last_epoch) if epochs is not None else None
+            if end is not None and req.from_offset > end:
+                log.warning(
+                    "replica %s: its log ends at %d, past the end of its epoch %d here (%d): "
+                    "told to cut its divergent tail",
+                    req.replica,
+                    req.from_offset,
+                    req.last_epoch,
+                    end,
+                )
+                return ReplFetchResponse(
+                    req.from_offset,
+                    b"",
+                    req.from_offset,
+                    store.flushed_offset,
+                    list(history),
+                    truncate_to=end,
+                )
         tracker.report(req.replica, req.flushed_offset)
         wait_ms = min(max(req.wait_ms, 0), MAX_FETCH_WAIT_MS)
         if req.from_offset >= store.flushed_offset and wait_ms:
@@ -237,7 +262,7 @@ def fetch_handler(store: MessageStore, tracker: ReplicaTracker) -> Handler:
             await signal.wait_past(req.from_offset, wait_ms / 1000)
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         data, nxt = store.read_replicated(req.from_offset, max_bytes)
-        return ReplFetchResponse(req.from_offset, data, nxt, store.flushed_offset)
+        return ReplFetchResponse(req.from_offset, data, nxt, store.flushed_offset, list(history))
 
     return repl_fetch
 

@@ -35,6 +35,7 @@ from txbroker.protocol.messages import (
     decode_response,
     encode_body,
 )
+from txbroker.server.epochs import EpochHistory
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 
@@ -108,7 +109,18 @@ class _Link:
             await self._writer.wait_closed()
 
 
+class _Diverged(Exception):
+    def __init__(self, cut_at: int, epochs: list[tuple[int, int]]) -> None:
+        super().__init__(f"the log diverges from the master's at offset {cut_at}")
+        self.cut_at = cut_at
+        self.epochs = epochs
+
+
 class Replicator:
+    """Follows ``master``'s log until stopped. With an epoch history (``--role auto``), each
+    fetch names this log's last epoch; a master answering that the log runs past that epoch's
+    end there stops it, and ``on_diverged(offset, master's history)`` decides (failover.py)."""
+
     def __init__(
         self,
         store: MessageStore,
@@ -117,6 +129,9 @@ class Replicator:
         name: str,
         notify: Callable[[str, int], None],
         auth_token: str | None = None,
+        *,
+        epochs: EpochHistory | None = None,
+        on_diverged: Callable[[int, list[tuple[int, int]]], None] | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -125,6 +140,8 @@ class Replicator:
         self.name = name
         self._notify = notify
         self._token = auth_token
+        self._epochs = epochs
+        self._on_diverged = on_diverged
         self._task: asyncio.Task[None] | None = None
         self.master_flushed = 0  # as of the last answer (lag = this - the local flushed offset)
         self.connected = False
@@ -146,6 +163,12 @@ class Replicator:
                 await self._follow()
             except asyncio.CancelledError:
                 raise
+            except _Diverged as e:
+                self.last_error = str(e)
+                log.warning("replication from %s stops: %s", self.master, e)
+                if self._on_diverged is not None:
+                    self._on_diverged(e.cut_at, e.epochs)
+                return
             except (OSError, ConnectionError, TimeoutError, TxbError) as e:
                 self.connected = False
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -178,13 +201,24 @@ class Replicator:
             store = self._store
             while True:
                 req = ReplFetchRequest(
-                    self.name, store.write_offset, store.flushed_offset, FETCH_BYTES, FETCH_WAIT_MS
+                    self.name,
+                    store.write_offset,
+                    store.flushed_offset,
+                    FETCH_BYTES,
+                    FETCH_WAIT_MS,
+                    self._epochs.last_epoch if self._epochs is not None else 0,
                 )
                 resp: ReplFetchResponse = await link.call(
                     Opcode.REPL_FETCH, req, FETCH_WAIT_MS / 1000 + ANSWER_MARGIN_S
                 )
                 self.fetches += 1
                 self.master_flushed = resp.master_flushed
+                if resp.truncate_to >= 0:
+                    raise _Diverged(resp.truncate_to, resp.epochs)
+                if self._epochs is not None and resp.epochs:
+                    # Kept before the bytes it covers are written: a log is never longer
+                    # than what its history accounts for.
+                    self._epochs.adopt(resp.epochs)
                 if resp.data or resp.next_offset != resp.offset:
                     grew = store.append_replicated(resp.offset, resp.data, resp.next_offset)
                     await store.committer.wait_durable()

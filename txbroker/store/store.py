@@ -444,6 +444,21 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
         self.append_nowait = refuse  # type: ignore[method-assign, assignment]
         self.append_batch_nowait = refuse  # type: ignore[method-assign, assignment]
 
+    def unfollow(self) -> None:
+        """Take this store's own appends again: a slave made master (failover)."""
+        for name in ("append_nowait", "append_batch_nowait"):
+            self.__dict__.pop(name, None)
+
+    @property
+    def following(self) -> bool:
+        return "append_nowait" in self.__dict__
+
+    def cut_tail(self, offset: int) -> None:
+        """Record durably that the log ends at ``offset``: the next open drops what follows
+        (``TailCut``), and reads stop there now. For a slave whose log runs past its master's
+        (a divergent tail, failover.py); the broker restarts to apply it."""
+        self._cut_tail(offset)
+
     # --- statistics -----------------------------------------------------------------------
 
     @property

@@ -106,6 +106,7 @@ class BackChecker:
     def start(self) -> None:
         limits = httpx.Limits(max_connections=self.settings.concurrency)
         self._http = httpx.AsyncClient(limits=limits, follow_redirects=False)
+        self._heap.clear()  # started again after a failover: the open ones are scheduled anew
         for tx in self._coord.open.values():
             if tx.state is TxState.PREPARED:
                 self.schedule(tx)

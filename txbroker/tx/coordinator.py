@@ -459,9 +459,13 @@ class TxCoordinator:
 
     # --- recovery ---
 
-    async def recover(self) -> None:
-        """Rebuild the open transactions (see ``txbroker.tx.recovery``)."""
-        got = await recover_open(self._store, self._publishing, self._path, self._append_copy)
+    async def recover(self, *, from_start: bool = False) -> None:
+        """Rebuild the open transactions (see ``txbroker.tx.recovery``); ``from_start`` when
+        taking over as master (failover.py)."""
+        got = await recover_open(
+            self._store, self._publishing, self._path, self._append_copy, from_start=from_start
+        )
+        self.open.clear()  # what an earlier term held is rebuilt from the log too
         self.open.update(got.open)
         self.counters.update({k: v for k, v in got.counters.items() if k in self.counters})
         durable = self._store.durable()

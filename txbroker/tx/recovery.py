@@ -117,15 +117,24 @@ def encode_state(
 
 
 async def recover_open(
-    store: MessageStore, publishing: Publishing, path: Path, append_copy: AppendCopy
+    store: MessageStore,
+    publishing: Publishing,
+    path: Path,
+    append_copy: AppendCopy,
+    *,
+    from_start: bool = False,
 ) -> Recovered:
     """Rebuild open transactions from %HALF, %TXOP and the index past the saved low-water
     marks (and complete commits recorded as op records by an earlier version, whose copies are
-    appended here but not waited for)."""
+    appended here but not waited for). ``from_start``: ignore the saved marks and back-check
+    counts and read both queues from their first retained record (a slave taking over: its
+    file, if any, is from an earlier term and may point past records a later master wrote)."""
     started = time.perf_counter()
     publishing.ensure_system_topic(HALF_TOPIC, 1)
     publishing.ensure_system_topic(OP_TOPIC, 1)
     saved = _load(path)
+    if from_start:
+        saved = _Saved(counters=saved.counters)
     ops: dict[str, list[StoredMessage]] = {}
     ops_read = halves_read = 0
     async for rec in _scan(store, OP_TOPIC, saved.op_low):

@@ -1,0 +1,259 @@
+"""A cluster on loopback for the failover campaign and its tests: a real etcd, broker groups of
+``--role auto`` brokers (one elected master, the others its slaves) and a NameServer, each a
+child process on fixed ports of its own, so a broker killed and started again comes back at
+the same address, as a restarted machine would.
+
+    async with Cluster(root, groups=("g1", "g2"), per_group=3) as cluster:
+        cluster.url  # txbns://... for clients
+        killed = await cluster.kill_master("g1")
+        elected = await cluster.wait_master("g1", other_than=killed.broker_id)
+        await cluster.restart(killed)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from txbroker.cluster import connect_coordinator
+from txbroker.cluster.coordination import EventKind
+from txbroker.cluster.routes import BROKERS_PREFIX, BrokerInfo, Role, choose_masters
+from txbroker.errors import NoRoute
+from txbroker.nameserver import READY_PREFIX
+from txbroker.runtime.brokerproc import BrokerProcess
+from txbroker.runtime.etcdproc import EtcdServer, free_port
+from txbroker_sdk import Client
+
+__all__ = ["Cluster", "Member", "NameServerProcess"]
+
+START_TIMEOUT_S: Final = 30.0
+
+
+class NameServerProcess:
+    """`txbroker nameserver --coordinator URL --port PORT`; ``address`` is its host:port."""
+
+    def __init__(self, coordinator: str, log_path: Path, port: int = 0) -> None:
+        self.coordinator = coordinator
+        self.log_path = log_path
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+
+    def start(self) -> NameServerProcess:
+        cmd = [sys.executable, "-m", "txbroker.cli", "nameserver"]
+        cmd += ["--coordinator", self.coordinator, "--port", str(self.port)]
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ)
+            )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith(READY_PREFIX):
+            self.stop()
+            raise RuntimeError(f"nameserver did not start: {line!r}; see {self.log_path}")
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        self.address = fields["tcp"]
+        return self
+
+    def stop(self, timeout_s: float = 30) -> int | None:
+        """SIGTERM and wait (bounded); SIGKILL if it hangs."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+@dataclass
+class Member:
+    """One broker of the cluster: its group, id and process (same ports at every start)."""
+
+    group: str
+    broker_id: str
+    proc: BrokerProcess
+
+    @property
+    def running(self) -> bool:
+        p = self.proc.proc
+        return p is not None and p.poll() is None
+
+
+class Cluster:
+    """etcd, ``groups`` of ``per_group`` brokers each, one NameServer; ``extra`` is given to
+    every broker (replication mode, transaction settings...)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        groups: tuple[str, ...] = ("g1", "g2"),
+        per_group: int = 3,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.groups = groups
+        self.per_group = per_group
+        root.mkdir(parents=True, exist_ok=True)
+        self.etcd = EtcdServer(root / "etcd")
+        self.members: list[Member] = []
+        self._extra = extra
+        self._env = env or {}
+        self.nameserver: NameServerProcess | None = None
+
+    @property
+    def url(self) -> str:
+        """The NameServer's address for clients (``Client("txbns://...")``)."""
+        assert self.nameserver is not None
+        return f"txbns://{self.nameserver.address}"
+
+    async def __aenter__(self) -> Cluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.etcd.start)
+        for group in self.groups:
+            for i in range(self.per_group):
+                broker_id = f"{group}-{chr(ord('a') + i)}"
+                proc = BrokerProcess(
+                    self.root / broker_id,
+                    *("--port", str(free_port()), "--http-port", str(free_port())),
+                    *("--host", "127.0.0.1", "--group", group, "--role", "auto"),
+                    *("--coordinator", self.etcd.url, "--broker-id", broker_id),
+                    *self._extra,
+                    env=self._env,
+                )
+                self.members.append(Member(group, broker_id, proc))
+                await asyncio.to_thread(proc.start)
+        ns = NameServerProcess(self.etcd.url, self.root / "nameserver.log", free_port())
+        self.nameserver = await asyncio.to_thread(ns.start)
+        await self.wait_brokers(lambda bs: set(self.groups) <= set(choose_masters(bs.values())))
+
+    async def stop(self) -> None:
+        if self.nameserver is not None:
+            await asyncio.to_thread(self.nameserver.stop)
+        for m in self.members:
+            if m.proc.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    m.proc.proc.send_signal(signal.SIGCONT)  # a stopped one cannot stop
+            await asyncio.to_thread(m.proc.stop)
+        await asyncio.to_thread(self.etcd.kill)
+
+    def member(self, broker_id: str) -> Member:
+        return next(m for m in self.members if m.broker_id == broker_id)
+
+    async def create_topic(self, topic: str, queues: int) -> None:
+        """``txbroker topic create`` spread over every group (routes in etcd)."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "txbroker.cli", "topic", "create", topic, "--queues", str(queues)),
+            *("--groups", ",".join(self.groups), "--coordinator", self.etcd.url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"topic create {topic} failed: {out.decode(errors='replace')}")
+
+    async def open_transactions(self) -> int:
+        """Transactions open at every group's master (a group without one raises)."""
+        masters = await self.masters()
+        missing = [g for g in self.groups if g not in masters]
+        if missing:
+            raise NoRoute(f"groups {missing} have no master now")
+        total = 0
+        for info in masters.values():
+            async with Client(info.address, timeout_s=5) as admin:
+                total += (await admin.list_transactions(limit=1)).total
+        return total
+
+    # What etcd says.
+
+    async def wait_brokers(
+        self, check: Callable[[dict[str, BrokerInfo]], bool], timeout_s: float = 30.0
+    ) -> dict[str, BrokerInfo]:
+        """The registrations (by key) once ``check(registrations)`` holds: listed, then
+        followed by a watch from the listing's revision, within ``timeout_s``."""
+        async with await connect_coordinator(self.etcd.url) as coordinator:
+            listing = await coordinator.list_prefix(BROKERS_PREFIX)
+            brokers = {kv.key: BrokerInfo.from_json(kv.value) for kv in listing.items}
+            if check(brokers):
+                return brokers
+            async with asyncio.timeout(timeout_s):
+                async with coordinator.watch_prefix(
+                    BROKERS_PREFIX, start_revision=listing.revision + 1
+                ) as events:
+                    async for event in events:
+                        if event.kind is EventKind.DELETE:
+                            brokers.pop(event.key, None)
+                        else:
+                            brokers[event.key] = BrokerInfo.from_json(event.value)
+                        if check(brokers):
+                            return brokers
+        raise AssertionError("the watch ended")
+
+    async def masters(self) -> dict[str, BrokerInfo]:
+        return dict(choose_masters((await self.wait_brokers(lambda _: True)).values()))
+
+    async def kill_master(self, group: str) -> Member:
+        """kill -9 the master of ``group`` now; returns it."""
+        info = (await self.masters())[group]
+        m = self.member(info.broker_id)
+        await asyncio.to_thread(m.proc.kill)
+        return m
+
+    async def wait_master(
+        self, group: str, *, other_than: str, timeout_s: float = 30.0
+    ) -> BrokerInfo:
+        """The first broker of ``group`` other than ``other_than`` registered as master."""
+
+        def elected(bs: dict[str, BrokerInfo]) -> bool:
+            return any(
+                b.group == group and b.role is Role.MASTER and b.broker_id != other_than
+                for b in bs.values()
+            )
+
+        got = await self.wait_brokers(elected, timeout_s)
+        return next(
+            b
+            for b in got.values()
+            if b.group == group and b.role is Role.MASTER and b.broker_id != other_than
+        )
+
+    async def restart(self, m: Member) -> None:
+        await asyncio.to_thread(m.proc.start)
+
+    async def wait_members(self, group: str, timeout_s: float = 30.0) -> None:
+        """Until every broker of ``group`` is registered and exactly one as master."""
+        n = sum(1 for m in self.members if m.group == group)
+
+        def ready(bs: dict[str, BrokerInfo]) -> bool:
+            mine = [b for b in bs.values() if b.group == group]
+            return len(mine) == n and sum(b.role is Role.MASTER for b in mine) == 1
+
+        await self.wait_brokers(ready, timeout_s)

@@ -1,0 +1,301 @@
+"""Failover (issue 22, item 5): a ``--role auto`` broker moves between slave and master.
+
+Every broker of a group starts as a slave, writes refused. Membership (membership.py) keeps it
+registered, campaigns for the group's election key when it is the best candidate (the most
+recent epoch history, then the highest flushed offset: a dead master's acknowledged writes are
+on the slave that flushed the most), and tells this module what happens:
+
+- ``follow(master)``: another broker leads; replicate from it (replicator.py). A master that
+  answers "your log runs past your last epoch here" makes this broker cut its divergent tail:
+  the bytes are kept aside in ``<data>/divergent/`` for inspection (they may hold writes an
+  async master acknowledged), the cut is recorded (``TailCut``) and the broker restarts so that
+  recovery drops the tail from the log, its queues and its index, then follows again.
+- ``promote(epoch)``: this broker won. It stops replicating, begins its epoch at the end of its
+  log (epochs.py), rebuilds the open transactions from the log, and takes on the master's
+  duties: writes, REPL_FETCH for its slaves (with sync replication, their acknowledgement
+  gate), the back-check scheduler, delayed delivery, retention's half-message copies.
+- ``step_down()``: leadership lost (the lease could not be kept, the key went). Writes are
+  refused at once, before anything else; the duties stop in the background.
+
+Nothing is truncated on promotion: the new master's log is the group's history. Everything
+it holds was flushed on the old master first, and with sync replication every acknowledged
+write is on it (a write is answered only once a slave reported it flushed). Cutting back to
+the last acknowledged offset the slave had heard of would lose writes acknowledged after its
+last report (Kafka's KIP-101 lesson); what is kept beyond it was never acknowledged, and a
+producer's resend of it is deduplicated by its idempotency key.
+
+States (one guarded transition function, ``Failover._move``)::
+
+    WAITING ◀──────────▶ FOLLOWING ──diverged──▶ RESTARTING
+       │ ▲                   │
+       │ └──step_down()──┐   │ promote()
+       └──promote()──▶ PROMOTING ──▶ MASTER
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Final
+
+from txbroker.cluster.routes import BrokerInfo
+from txbroker.errors import NotMaster
+from txbroker.protocol.frames import Opcode
+from txbroker.server.connection import DirectHandler, Handler
+from txbroker.server.delay import DelayScheduler
+from txbroker.server.epochs import EpochHistory
+from txbroker.server.replication import (
+    WRITES,
+    ReplicationSettings,
+    ReplicaTracker,
+    fetch_handler,
+)
+from txbroker.server.replicator import Replicator
+from txbroker.store import MessageStore
+from txbroker.tx.checker import BackChecker
+from txbroker.tx.coordinator import TxCoordinator
+from txbroker.tx.reput import HalfMover
+
+__all__ = ["DIVERGENT_DIR", "Failover", "FailoverState", "MasterDuties"]
+
+log = logging.getLogger(__name__)
+
+DIVERGENT_DIR: Final = "divergent"
+_COPY_BYTES: Final = 4 << 20
+
+
+class FailoverState(enum.Enum):
+    WAITING = "waiting"  # a slave with no master to follow
+    FOLLOWING = "following"
+    PROMOTING = "promoting"
+    MASTER = "master"
+    RESTARTING = "restarting"  # its log diverged: the tail is cut at the restart
+
+
+_TRANSITIONS: Final = {
+    FailoverState.WAITING: frozenset({FailoverState.FOLLOWING, FailoverState.PROMOTING}),
+    FailoverState.FOLLOWING: frozenset(
+        {FailoverState.WAITING, FailoverState.FOLLOWING, FailoverState.PROMOTING}
+        | {FailoverState.RESTARTING}
+    ),
+    FailoverState.PROMOTING: frozenset({FailoverState.MASTER, FailoverState.WAITING}),
+    FailoverState.MASTER: frozenset({FailoverState.WAITING}),
+    FailoverState.RESTARTING: frozenset(),
+}
+
+
+class MasterDuties:
+    """What only a master does, taken on and dropped as a whole."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        tx: TxCoordinator,
+        checker: BackChecker,
+        scheduler: DelayScheduler,
+        halves: HalfMover,
+        handlers: dict[int, Handler],
+        direct: dict[int, DirectHandler],
+        replication: ReplicationSettings,
+        epochs: EpochHistory,
+    ) -> None:
+        self._store = store
+        self._tx = tx
+        self._checker = checker
+        self._scheduler = scheduler
+        self._halves = halves
+        self._handlers = handlers
+        self._direct = direct
+        self._replication = replication
+        self._epochs = epochs
+        # The master's handlers, put back on promotion (the connections share these dicts).
+        self._writes: dict[int, Handler] = {
+            op: handlers[op] for op in (*WRITES, Opcode.REPL_FETCH) if op in handlers
+        }
+        self._direct_writes: dict[int, DirectHandler] = {
+            op: direct[op] for op in WRITES if op in direct
+        }
+        self.replicas: ReplicaTracker | None = None
+        self.active = False
+
+    def refuse(self, why: str) -> None:
+        """Refuse every write (and REPL_FETCH) now, naming ``why``; synchronous."""
+        self._store.follow(why)
+        self._store.replication_gate = None
+        self._store.retention_hook = None
+
+        async def refuse(_: object) -> None:
+            raise NotMaster(f"this broker is not the master now ({why}): ask the NameServer")
+
+        for op in (*WRITES, Opcode.REPL_FETCH):
+            self._handlers[op] = refuse
+            self._direct.pop(op, None)
+
+    async def take(self, epoch: int) -> None:
+        store = self._store
+        await store.committer.wait_durable()  # what the last fetch wrote, before the epoch
+        self._epochs.begin(epoch, store.write_offset)
+        store.unfollow()
+        store.retention_hook = self._halves
+        tracker = self.replicas = ReplicaTracker(
+            store, self._replication.min_insync, self._replication.timeout_ms / 1000
+        )
+        # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
+        # END_TX for one not yet recovered would be refused as unknown).
+        self._handlers[Opcode.REPL_FETCH] = fetch_handler(store, tracker, self._epochs)
+        started = time.monotonic()
+        await self._tx.recover(from_start=True)
+        self._halves.start(self._tx)
+        self._checker.start()
+        self._scheduler.forget_cursors()
+        self._scheduler.start()
+        if self._replication.mode == "sync":
+            store.replication_gate = tracker
+        self._handlers.update(self._writes)
+        self._direct.update(self._direct_writes)
+        self.active = True
+        log.warning(
+            "master duties taken in %.2f s: epoch %d from log offset %d, %d open transactions",
+            time.monotonic() - started,
+            epoch,
+            store.write_offset,
+            len(self._tx.open),
+        )
+
+    async def drop(self) -> None:
+        """Stop the duties' tasks (writes were refused already, :meth:`refuse`)."""
+        self.active = False
+        self.replicas = None
+        await self._checker.stop()
+        await self._scheduler.stop()
+
+
+class Failover:
+    """The role of one ``--role auto`` broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        duties: MasterDuties,
+        replicator_for: Callable[[str], Replicator],
+        data_dir: Path,
+        on_restart: Callable[[str], None],
+    ) -> None:
+        self.duties = duties
+        self._replicator_for = replicator_for
+        self._data_dir = data_dir
+        self._on_restart = on_restart
+        self.state = FailoverState.WAITING
+        self.master: str | None = None  # the address followed
+        self.replicator: Replicator | None = None
+        self._lock = asyncio.Lock()  # one switch at a time, in the order asked
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _move(self, to: FailoverState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise AssertionError(f"failover: {self.state.name} -> {to.name}")
+        log.info("failover: %s -> %s", self.state.value, to.value)
+        self.state = to
+
+    def start(self) -> None:
+        self.duties.refuse("no master elected yet")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # Told by Membership.
+
+    def on_master(self, info: BrokerInfo | None) -> None:
+        """The group's master is now ``info`` (another broker), or none."""
+        self._spawn(self._follow(info.address if info is not None else None))
+
+    async def _follow(self, address: str | None) -> None:
+        async with self._lock:
+            if self.state not in (FailoverState.WAITING, FailoverState.FOLLOWING):
+                return  # leading (its own key), or restarting
+            if address == self.master:
+                return
+            await self._stop_replicator()
+            self.master = address
+            if address is None:
+                self._move(FailoverState.WAITING)
+                self.duties.refuse("no master elected now")
+                return
+            self._move(FailoverState.FOLLOWING)
+            self.duties.refuse(f"a slave of {address}")
+            self.replicator = self._replicator_for(address)
+            self.replicator.start()
+
+    async def promote(self, epoch: int) -> None:
+        """Won the election of ``epoch``: become master (raises if it cannot; the caller
+        resigns)."""
+        async with self._lock:
+            self._move(FailoverState.PROMOTING)
+            await self._stop_replicator()
+            self.master = None
+            try:
+                await self.duties.take(epoch)
+            except BaseException:
+                self.duties.refuse("taking over failed")
+                self._move(FailoverState.WAITING)
+                raise
+            self._move(FailoverState.MASTER)
+
+    def step_down(self) -> None:
+        """Leadership lost: refuse writes now (synchronously), stop the duties after."""
+        if self.state not in (FailoverState.MASTER, FailoverState.PROMOTING):
+            return
+        self.duties.refuse("stepped down as master")
+        if self.state is FailoverState.MASTER:
+            self._move(FailoverState.WAITING)
+        self._spawn(self.duties.drop())
+
+    def diverged(self, cut_at: int, epochs: list[tuple[int, int]]) -> None:
+        """The master says this log runs past its history at ``cut_at``."""
+        if self.state is not FailoverState.FOLLOWING:
+            return
+        self._move(FailoverState.RESTARTING)
+        store = self.duties._store
+        kept = save_divergent(store, cut_at, self._data_dir / DIVERGENT_DIR)
+        store.cut_tail(cut_at)
+        self.duties._epochs.adopt(epochs)
+        self._on_restart(
+            f"its log runs past the master's history at offset {cut_at} "
+            f"({store.write_offset - cut_at} bytes, kept in {kept}): restarting to cut it"
+        )
+
+    async def _stop_replicator(self) -> None:
+        r, self.replicator = self.replicator, None
+        if r is not None:
+            await r.stop()
+
+    async def stop(self) -> None:
+        await self._stop_replicator()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.duties.active:
+            await self.duties.drop()
+
+
+def save_divergent(store: MessageStore, cut_at: int, folder: Path) -> Path:
+    """Copy the log's bytes from ``cut_at`` to its end into a folder of ``folder``: one file
+    per read, named by the log offset it starts at (whole records as the log holds them, a
+    segment's end marker last: ``txbroker.store.replica.parse_records`` reads each back)."""
+    kept = folder / f"{cut_at:020d}-{time.strftime('%Y%m%dT%H%M%S')}"
+    kept.mkdir(parents=True, exist_ok=True)
+    end = store.write_offset
+    pos = cut_at
+    while pos < end:
+        data, nxt = store.log.read_raw(pos, end, _COPY_BYTES)
+        (kept / f"{pos:020d}.log").write_bytes(data)
+        if nxt <= pos:
+            break
+        pos = nxt
+    log.warning("divergent tail [%d, %d) kept in %s", cut_at, end, kept)
+    return kept
