@@ -25,7 +25,7 @@ def test_produce_with_a_sync_slave_reports_latency_and_lag(tmp_path: Path) -> No
         "--replication",
         "sync",
         "--runs",
-        "1",
+        "2",
         "--data-dir",
         str(tmp_path),
         "--json",
@@ -38,12 +38,15 @@ def test_produce_with_a_sync_slave_reports_latency_and_lag(tmp_path: Path) -> No
         assert med["messages"] == 3000 and med["msgs_per_s"] > 0
         assert lat["p99_ms"] >= lat["p50_ms"] > 0
     assert "replication_lag" not in res["baseline"]["median"]
+    assert set(res["paired_ratio"]) == {"msgs_per_s", "p50_ms", "p99_ms"}
+    assert all(r > 0 for r in res["paired_ratio"].values())
     lag = res["median"]["replication_lag"]
     assert lag["samples"] >= 1 and lag["errors"] == 0
     for unit in ("bytes", "ms"):
         assert 0 <= lag[f"{unit}_p50"] <= lag[f"{unit}_p99"] <= lag[f"{unit}_max"]
     text = format_produce(res)
     assert "with slaves" in text and "slave lag" in text and "behind it in time" in text
+    assert len(res["all"]) == len(res["baseline"]["all"]) == 2  # in turn: without, with, ...
     assert list(tmp_path.iterdir()) == []  # master and slave stopped, directories removed
 
 

@@ -200,7 +200,8 @@ def bench_produce(
 ) -> dict[str, object]:
     """Produce against a broker; with ``replicas``, the same runs twice, in one call: first
     without slaves (``baseline`` in the result), then with that many slaves and
-    ``--replication`` (the result itself), so the two compare on the same machine state; the
+    ``--replication`` (the result itself), run after run in turn, so the two compare on the same
+    machine state; ``paired_ratio`` is the median of each pair's with/without ratios. The
     replicated runs also carry ``replication_lag``, the slaves' lag sampled under load."""
 
     def one(url: str) -> ProduceResult:
@@ -208,10 +209,39 @@ def bench_produce(
 
     if not replicas:
         return repeat_against_broker(one, runs, flush, data_root, progress)
-    baseline = repeat_against_broker(one, runs, flush, data_root, progress)
+    # Alternately without and with slaves, so a change in a shared machine's load during the
+    # call falls on both alike; each pair's ratios are kept beside the medians.
     extra = ("--replication", replication)
-    res = repeat_against_broker(one, runs, flush, data_root, progress, extra, replicas)
-    return {**res, "replicas": replicas, "replication": replication, "baseline": baseline}
+    without: list[dict[str, Any]] = []
+    with_slaves: list[dict[str, Any]] = []
+    for i in range(runs):
+        if progress is not None:
+            progress(2 * i, 2 * runs)
+        without.append(_run_once(one, flush, data_root))
+        if progress is not None:
+            progress(2 * i + 1, 2 * runs)
+        with_slaves.append(_run_once(one, flush, data_root, extra, replicas))
+    if progress is not None:
+        progress(2 * runs, 2 * runs)
+    pairs = [
+        {
+            "msgs_per_s": _ratio(w["msgs_per_s"], b["msgs_per_s"]),
+            **{k: _ratio(w["ack_latency"][k], b["ack_latency"][k]) for k in ("p50_ms", "p99_ms")},
+        }
+        for b, w in zip(without, with_slaves, strict=True)
+    ]
+    ratio = {k: round(statistics.median(p[k] for p in pairs), 3) for k in pairs[0]}
+    return {
+        **_summary(with_slaves),
+        "replicas": replicas,
+        "replication": replication,
+        "baseline": _summary(without),
+        "paired_ratio": ratio,
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
 
 
 @dataclass(frozen=True)
@@ -294,20 +324,31 @@ def repeat_against_broker(
     for i in range(runs):
         if progress is not None:
             progress(i, runs)
-        with _broker(flush, data_root, extra, replicas) as (broker, slaves):
-            assert broker.proc is not None
-            cpu0 = cpu_seconds(broker.proc.pid)
-            lag = LagSampler(broker.http, [s.http for s in slaves])
-            with lag if slaves else contextlib.nullcontext(lag):
-                row = asdict(one(broker.url))  # type: ignore[call-overload]
-            if slaves:
-                row["replication_lag"] = lag.summary()
-            # The broker's CPU over the run (with its syncer), beside the run's own figures.
-            row["broker_cpu_s"] = round(cpu_seconds(broker.proc.pid) - cpu0, 3)
-            rows.append(row)
+        rows.append(_run_once(one, flush, data_root, extra, replicas))
     if progress is not None:
         progress(runs, runs)
     return _summary(rows)
+
+
+def _run_once(
+    one: Callable[[str], object],
+    flush: str,
+    data_root: Path | None,
+    extra: tuple[str, ...] = (),
+    replicas: int = 0,
+) -> dict[str, Any]:
+    """``one(url)`` against a fresh broker (and ``replicas`` slaves): its figures as a dict."""
+    with _broker(flush, data_root, extra, replicas) as (broker, slaves):
+        assert broker.proc is not None
+        cpu0 = cpu_seconds(broker.proc.pid)
+        lag = LagSampler(broker.http, [s.http for s in slaves])
+        with lag if slaves else contextlib.nullcontext(lag):
+            row: dict[str, Any] = asdict(one(broker.url))  # type: ignore[call-overload]
+        if slaves:
+            row["replication_lag"] = lag.summary()
+        # The broker's CPU over the run (with its syncer), beside the run's own figures.
+        row["broker_cpu_s"] = round(cpu_seconds(broker.proc.pid) - cpu0, 3)
+        return row
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, object]:
@@ -346,13 +387,17 @@ def _replication_lines(res: dict[str, object]) -> str:
     m, b = res["median"], base["median"]
     assert isinstance(m, dict) and isinstance(b, dict)
     lat, blat, lag = m["ack_latency"], b["ack_latency"], m["replication_lag"]
-    ratio = m["msgs_per_s"] / b["msgs_per_s"] if b["msgs_per_s"] else 0.0
+    pr = res["paired_ratio"]
+    assert isinstance(pr, dict)
     return (
         f"\n  with {res['replicas']} slave(s), replication={res['replication']}; "
-        f"without slaves (baseline, same call):\n"
-        f"  throughput    {b['msgs_per_s']:>10,.0f} msgs/s without, {ratio:.2f}x with slaves\n"
+        f"without slaves (baseline, same call, runs in turn):\n"
+        f"  throughput    {b['msgs_per_s']:>10,.0f} msgs/s without, {pr['msgs_per_s']:.2f}x "
+        f"with slaves\n"
         f"  ack latency   p50 {blat['p50_ms']} ms  p99 {blat['p99_ms']} ms without; "
-        f"p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms with slaves\n"
+        f"p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms with slaves "
+        f"({pr['p50_ms']:.2f}x, {pr['p99_ms']:.2f}x)\n"
+        f"                (with/without: the median of each pair of runs' ratios)\n"
         f"  slave lag     p50 {lag['bytes_p50']:,.0f} B  p99 {lag['bytes_p99']:,.0f} B  "
         f"max {lag['bytes_max']:,.0f} B behind the master's flushed log\n"
         f"                p50 {lag['ms_p50']} ms  p99 {lag['ms_p99']} ms  max {lag['ms_max']} ms "
