@@ -43,6 +43,7 @@ from txbroker.errors import (
     InvalidArgument,
     NoRoute,
     NotFound,
+    NotMaster,
     TopicExists,
     TransactionNotFound,
 )
@@ -91,8 +92,9 @@ TX_REMEMBERED: Final = 10_000
 
 # Refusals that say the route was wrong, with nothing stored: the broker is not reachable (the
 # request was never sent), the topic or the queue is not there (NOT_FOUND; a queue id beyond
-# the group's is a plain INVALID_ARGUMENT). Worth one more try on a route fetched again.
-_ROUTING_ERRORS: Final = (BrokerUnreachable, NotFound, InvalidArgument)
+# the group's is a plain INVALID_ARGUMENT), the broker is not its group's master now
+# (NOT_MASTER: a failover). Worth one more try on a route fetched again.
+_ROUTING_ERRORS: Final = (BrokerUnreachable, NotFound, InvalidArgument, NotMaster)
 
 
 def _routing_error(e: BaseException) -> bool:
@@ -183,7 +185,8 @@ class ClusterClient(Client):
         self._current = 0  # the NameServer that answered last
         self._brokers: dict[str, Client] = {}  # by address
         self._routes: dict[str, Route] = {}
-        self._txs: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> broker
+        # id -> (group, broker that prepared it)
+        self._txs: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self._rr = itertools.count()
         self.route_fetches = 0
 
@@ -319,7 +322,7 @@ class ClusterClient(Client):
             if isinstance(res, SendReceipt):
                 return _global(res, group)
             if isinstance(res, TxPrepareResponse):
-                self._remember(res.tx_id, group.master)
+                self._remember(res.tx_id, group.group, group.master)
             return res
         raise AssertionError("unreachable")
 
@@ -365,23 +368,37 @@ class ClusterClient(Client):
                 break
         return SendBatchResponse([receipts[i] for i in range(len(req.messages))])
 
-    def _remember(self, tx_id: str, address: str) -> None:
-        self._txs[tx_id] = address
+    def _remember(self, tx_id: str, group: str, address: str) -> None:
+        self._txs[tx_id] = (group, address)
         if len(self._txs) > TX_REMEMBERED:
             self._txs.popitem(last=False)
 
     async def _by_transaction(self, opcode: Opcode, req: Any, timeout_s: float | None) -> Any:
-        """At the broker that prepared it; one prepared elsewhere is looked for on every
-        group's master."""
-        address = self._txs.get(req.tx_id)
-        if address is not None:
-            return await self.broker(address).request(opcode, req, timeout_s=timeout_s)
-        masters = [a for a in (await self.masters()).values() if a]
-        for a in masters:
+        """At the broker that prepared it, or its group's master now if that one is gone or
+        no longer master (a failover: the new master recovered the transaction from the log);
+        one prepared elsewhere is looked for on every group's master."""
+        remembered = self._txs.get(req.tx_id)
+        if remembered is not None:
+            group, address = remembered
+            try:
+                return await self.broker(address).request(opcode, req, timeout_s=timeout_s)
+            except (*_ROUTING_ERRORS, ConnectionClosed) as e:
+                # Ending or showing a transaction again is harmless (the same decision twice
+                # is answered as a duplicate): after a lost answer too, ask the master now.
+                moved = _routing_error(e) or isinstance(e, ConnectionClosed)
+                current = (await self.masters()).get(group) if moved else None
+                if not current or current == address:
+                    raise
+                log.info("transaction %s: %s; asking %s's master now", req.tx_id, e, group)
+                self._remember(req.tx_id, group, current)
+                return await self.broker(current).request(opcode, req, timeout_s=timeout_s)
+        for group, a in (await self.masters()).items():
+            if not a:
+                continue
             try:
                 res = await self.broker(a).request(opcode, req, timeout_s=timeout_s)
             except TransactionNotFound:
                 continue
-            self._remember(req.tx_id, a)
+            self._remember(req.tx_id, group, a)
             return res
         raise TransactionNotFound(f"transaction {req.tx_id} is on no group's master")

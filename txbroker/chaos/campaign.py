@@ -178,13 +178,12 @@ async def _run_one(
             await world.settle_and_check(f)
             if scenario.after is not None:
                 await scenario.after(world, f)
+            logs = await world.logs()
+            if isinstance(logs, dict):
+                f.logs = {g: str(p) for g, p in logs.items()}
             if reconciler is not None:
                 f.reconciled, n = await asyncio.to_thread(
-                    reconciler.run,
-                    world.orders_url,
-                    world.billing_url,
-                    await world.logs(),
-                    root / "reconcile",
+                    reconciler.run, world.orders_url, world.billing_url, logs, root / "reconcile"
                 )
                 f.anomalies += n
             else:

@@ -157,7 +157,13 @@ class Cluster:
     async def stop(self) -> None:
         if self.nameserver is not None:
             await asyncio.to_thread(self.nameserver.stop)
-        for m in self.members:
+        # Slaves first: a master stopped before its slaves would hand over to one of them,
+        # which would take over for the moment it has left.
+        masters: set[str] = set()
+        with contextlib.suppress(Exception):  # etcd may be what failed: stop them anyway
+            async with asyncio.timeout(10):
+                masters = {b.broker_id for b in (await self.masters()).values()}
+        for m in sorted(self.members, key=lambda m: m.broker_id in masters):
             if m.proc.proc is not None:
                 with contextlib.suppress(ProcessLookupError):
                     m.proc.proc.send_signal(signal.SIGCONT)  # a stopped one cannot stop

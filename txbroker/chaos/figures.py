@@ -40,6 +40,8 @@ class Figures:
     # Async replication: acknowledged writes lost with a killed master are the loss window
     # the scenario measures, not a failure.
     loss_allowed: bool = False
+    # A cluster's scenario: each group's commit log as settled (its master's data directory).
+    logs: dict[str, str] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
