@@ -18,6 +18,8 @@ import pytest
 from tests.cluster.conftest import _require_etcd
 from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import GroupsRequest
 from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
@@ -66,17 +68,32 @@ async def async2(tmp_path: Path) -> AsyncIterator[Cluster]:
 async def _keys(url: str, at_least: int) -> list[str]:
     """The keys of every message of TOPIC at the broker ``url`` (a slave serves reads): read
     until ``at_least`` came and a fetch finds no more (bounded), by a group of its own."""
-    got: list[str] = []
     group = uuid.uuid4().hex
     async with Client(url, timeout_s=5) as c, Consumer(c, group, TOPIC, hold_ms=200) as cons:
-        async with asyncio.timeout(READ_TIMEOUT_S):
-            while True:
-                batch = await cons.fetch(300)
-                for m in batch:
-                    got.append(m.msg.key or "")
-                    m.ack()
-                if not batch and len(got) >= at_least:
-                    return got
+        return await _drain(cons, at_least)
+
+
+async def _drain(cons: Consumer, at_least: int) -> list[str]:
+    got: list[str] = []
+    async with asyncio.timeout(READ_TIMEOUT_S):
+        while True:
+            batch = await cons.fetch(300)
+            for m in batch:
+                got.append(m.msg.key or "")
+                m.ack()
+            if not batch and len(got) >= at_least:
+                return got
+
+
+async def _caught_up(url: str, group: str) -> None:
+    """Until the broker at ``url`` holds ``group``'s offsets with nothing left to read
+    (copied from its master every 2 s), bounded."""
+    async with Client(url, timeout_s=5) as c, asyncio.timeout(READ_TIMEOUT_S):
+        while True:
+            res = await c.request(Opcode.OFFSETS, GroupsRequest(group, TOPIC))
+            if res.groups and all(q.lag == 0 for g in res.groups for q in g.queues):
+                return
+            await asyncio.sleep(0.1)  # the next look: copies arrive on their own schedule
 
 
 async def _master(cluster: Cluster) -> Member:
@@ -96,7 +113,18 @@ async def test_a_slave_takes_over_every_acknowledged_write_and_open_transaction(
             )
             for i in range(3)
         ]
+        # A consumer group reads them all at the master; its offsets reach the slaves.
+        async with Consumer(c, "billing", TOPIC, hold_ms=200) as cons:
+            read = 0
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                while read < 30:
+                    for m in await cons.fetch(200):
+                        m.ack()
+                        read += 1
+            await cons.commit()
         old = await _master(cluster)
+        for slave in (m for m in cluster.members if m is not old):
+            await _caught_up(slave.proc.url, "billing")
         await cluster.kill_master("g1")
         new = await cluster.wait_master("g1", other_than=old.broker_id)
         assert new.epoch > 0 and new.log_epoch == new.epoch
@@ -108,6 +136,10 @@ async def test_a_slave_takes_over_every_acknowledged_write_and_open_transaction(
             assert (await direct.list_transactions(limit=10)).total == 1  # the third, open
         # Resent after the failover (the answer may have been lost): deduplicated.
         await c.send(TOPIC, b"m", key="m29", idempotency_key="m29")
+        # The group resumes at the new master where it was: the committed transaction only.
+        async with Consumer(c, "billing", TOPIC, hold_ms=200) as cons:
+            again = await _drain(cons, 1)
+        assert again == ["t0"]
     got = await _keys(new.address, 31)
     assert sorted(got) == sorted([f"m{i}" for i in range(30)] + ["t0"])
     # The old master rejoins as a slave of the new one.

@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from txbroker.chaos.cluster import Cluster
 from txbroker.chaos.figures import Figures
@@ -42,7 +42,14 @@ from txbroker.store.record import decode_properties
 from txbroker.store.replica import parse_records
 from txbroker_sdk import Client
 
-__all__ = ["async_cluster", "master_failover", "sync_cluster"]
+__all__ = [
+    "async_cluster",
+    "check_tails",
+    "distribution",
+    "master_failover",
+    "summary",
+    "sync_cluster",
+]
 
 GROUPS: Final = ("g1", "g2")
 PER_GROUP: Final = 3  # a master and two slaves: one left to follow the new master
@@ -124,7 +131,7 @@ async def master_failover(world: World, sizes: Sizes, f: Figures) -> None:
         await cluster.wait_members(group, timeout_s=sizes.round_timeout_s)
         f.rounds += 1
     if f.failover_s:
-        f.notes.append(_distribution(f.failover_s))
+        f.notes.append(f"new master serving after kill -9: {distribution(f.failover_s)}")
 
 
 async def _serves(address: str, deadline: float) -> float:
@@ -140,12 +147,28 @@ async def _serves(address: str, deadline: float) -> float:
                 await asyncio.sleep(PROBE_PAUSE_S)  # the next probe, not a synchronisation
 
 
-def _distribution(samples: list[float]) -> str:
+def summary(samples: list[float]) -> dict[str, Any]:
+    """The failover times' distribution: median, p90, max, min and the samples (seconds)."""
+    if not samples:
+        return {"n": 0}
     s = sorted(samples)
-    p90 = s[min(len(s) - 1, round(0.9 * (len(s) - 1)))]
+    return {
+        "n": len(s),
+        "median_s": statistics.median(s),
+        "p90_s": s[min(len(s) - 1, round(0.9 * (len(s) - 1)))],
+        "max_s": s[-1],
+        "min_s": s[0],
+        "samples_s": samples,
+    }
+
+
+def distribution(samples: list[float]) -> str:
+    got = summary(samples)
+    if not got["n"]:
+        return "no failover measured"
     return (
-        f"new master serving after kill -9: median {statistics.median(s):.2f} s, "
-        f"p90 {p90:.2f} s, max {s[-1]:.2f} s over {len(s)} failovers"
+        f"median {got['median_s']:.2f} s, p90 {got['p90_s']:.2f} s, max {got['max_s']:.2f} s, "
+        f"min {got['min_s']:.2f} s over {got['n']} ({', '.join(f'{x:.2f}' for x in samples)})"
     )
 
 

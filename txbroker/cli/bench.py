@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from txbroker.cli.bench_failover import register_failover
 from txbroker.cli.bench_fuzz import register_fuzz
 from txbroker.cli.bench_peers import register_peers
 from txbroker.cli.common import Subparsers, non_negative, positive, run
@@ -207,6 +208,8 @@ def register(sub: Subparsers) -> None:
     register_fuzz(bsub)
 
     register_peers(bsub)
+
+    register_failover(bsub)
 
 
 def _store(args: argparse.Namespace) -> int:

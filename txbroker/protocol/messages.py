@@ -336,6 +336,7 @@ class ReplFetchRequest(msgspec.Struct, frozen=True):
     max_bytes: int = 1 << 20  # bound on data (one record larger than this comes whole)
     wait_ms: int = 1_000  # hold the request this long when nothing new is flushed
     last_epoch: int = 0  # the last master epoch in the slave's history (server/epochs.py)
+    with_offsets: bool = False  # also send the consumer groups' committed offsets
 
 
 class ReplFetchResponse(msgspec.Struct, frozen=True):
@@ -352,6 +353,9 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     # >= 0: the slave's log runs past where its last epoch ended on the master (a divergent
     # tail): it must cut its log at this offset before it fetches again; no data then.
     truncate_to: int = -1
+    # With ``with_offsets``: every consumer group's committed offsets, owner -> topic -> queue
+    # -> offset, for the slave to keep (a consumer moving to it after a failover resumes).
+    offsets: dict[str, dict[str, dict[int, int]]] | None = None
 
 
 class RouteRequest(msgspec.Struct, frozen=True):

@@ -202,7 +202,9 @@ class BrokerServer:
             self.failover = self._failover(handlers, direct, notifier)
             self.failover.start()
         else:
-            self.replicas = install_replication(self.replication, self.store, handlers, direct)
+            self.replicas = install_replication(
+                self.replication, self.store, handlers, direct, self.groups.all_offsets
+            )
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
@@ -291,6 +293,7 @@ class BrokerServer:
                 replica_name(cfg.data_dir / "meta"),
                 notifier.notify,
                 cfg.auth_token,
+                on_offsets=self._adopt_offsets,
             )
             self.replicator.start()
         if cfg.coordinator is not None and cfg.group is not None:
@@ -326,6 +329,7 @@ class BrokerServer:
             direct,
             self.replication,
             self.epochs,
+            self.groups.all_offsets,
         )
         store, topics = self.store, self.topics
         name = replica_name(cfg.data_dir / "meta")
@@ -340,10 +344,14 @@ class BrokerServer:
                 cfg.auth_token,
                 epochs=self.epochs,
                 on_diverged=failover.diverged,
+                on_offsets=self._adopt_offsets,
             )
 
         failover = Failover(duties, replicator_for, cfg.data_dir, self._request_restart)
         return failover
+
+    def _adopt_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
+        self.groups.adopt_offsets(offsets, self.topics.exists)
 
     def _request_restart(self, reason: str) -> None:
         log.warning("restart requested: %s", reason)

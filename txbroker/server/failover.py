@@ -102,6 +102,7 @@ class MasterDuties:
         direct: dict[int, DirectHandler],
         replication: ReplicationSettings,
         epochs: EpochHistory,
+        offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
     ) -> None:
         self._store = store
         self._tx = tx
@@ -112,6 +113,7 @@ class MasterDuties:
         self._direct = direct
         self._replication = replication
         self._epochs = epochs
+        self._offsets = offsets
         # The master's handlers, put back on promotion (the connections share these dicts).
         self._writes: dict[int, Handler] = {
             op: handlers[op] for op in (*WRITES, Opcode.REPL_FETCH) if op in handlers
@@ -146,7 +148,9 @@ class MasterDuties:
         )
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
-        self._handlers[Opcode.REPL_FETCH] = fetch_handler(store, tracker, self._epochs)
+        self._handlers[Opcode.REPL_FETCH] = fetch_handler(
+            store, tracker, self._epochs, self._offsets
+        )
         started = time.monotonic()
         await self._tx.recover(from_start=True)
         self._halves.start(self._tx)

@@ -167,6 +167,24 @@ class GroupCoordinator:
             per_topic[queue_id] = offset
             self.snapshot.mark()
 
+    def all_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
+        """Every committed offset (owner -> topic -> queue -> offset), a copy: what a master
+        sends its slaves (replication)."""
+        return {o: {t: dict(qs) for t, qs in ts.items()} for o, ts in self._offsets.items()}
+
+    def adopt_offsets(
+        self, offsets: dict[str, dict[str, dict[int, int]]], exists: Callable[[str], bool]
+    ) -> None:
+        """A slave keeps its master's committed offsets (topics it has), never moving one of
+        its own back: a consumer that read from the slave meanwhile keeps its progress."""
+        for owner, topics in offsets.items():
+            for topic, queues in topics.items():
+                if not exists(topic):
+                    continue
+                for qid, off in queues.items():
+                    if off >= 0 and off > (self.committed(owner, topic, qid) or -1):
+                        self.commit(owner, topic, qid, off)
+
     def drop_topic(self, topic: str) -> None:
         """A deleted topic: forget every group's offsets in it, and end its memberships with a
         new generation, so a member still pulling or acknowledging is told to join again (and

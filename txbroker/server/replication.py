@@ -21,6 +21,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -224,7 +225,10 @@ class _FlushSignal:
 
 
 def fetch_handler(
-    store: MessageStore, tracker: ReplicaTracker, epochs: EpochHistory | None = None
+    store: MessageStore,
+    tracker: ReplicaTracker,
+    epochs: EpochHistory | None = None,
+    offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
 ) -> Handler:
     """The master's REPL_FETCH: record the slave's report, hold the request until the log is
     flushed past ``from_offset`` (at most ``wait_ms``), answer with whole flushed records.
@@ -262,7 +266,14 @@ def fetch_handler(
             await signal.wait_past(req.from_offset, wait_ms / 1000)
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         data, nxt = store.read_replicated(req.from_offset, max_bytes)
-        return ReplFetchResponse(req.from_offset, data, nxt, store.flushed_offset, list(history))
+        return ReplFetchResponse(
+            req.from_offset,
+            data,
+            nxt,
+            store.flushed_offset,
+            list(history),
+            offsets=offsets() if req.with_offsets and offsets is not None else None,
+        )
 
     return repl_fetch
 
@@ -285,6 +296,7 @@ def install(
     store: MessageStore,
     handlers: dict[int, Handler],
     direct: dict[int, DirectHandler],
+    offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
 ) -> ReplicaTracker | None:
     """Wire replication into a starting broker: a master serves REPL_FETCH (and with sync
     replication gates its writes on the tracker); a slave refuses writes. Returns the tracker
@@ -293,7 +305,7 @@ def install(
         refuse_writes(handlers, direct, settings.replica_of)
         return None
     tracker = ReplicaTracker(store, settings.min_insync, settings.timeout_ms / 1000)
-    handlers[Opcode.REPL_FETCH] = fetch_handler(store, tracker)
+    handlers[Opcode.REPL_FETCH] = fetch_handler(store, tracker, offsets=offsets)
     if settings.mode == "sync":
         store.replication_gate = tracker
         log.info(

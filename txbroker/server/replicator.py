@@ -50,6 +50,10 @@ CONNECT_TIMEOUT_S: Final = 5.0
 ANSWER_MARGIN_S: Final = 10.0
 BACKOFF_S: Final = (0.1, 0.2, 0.5, 1.0, 2.0)  # reconnect pauses; the last one repeats
 TOPICS_REFRESH_S: Final = 2.0
+# How often the master's consumer offsets are copied (in a fetch): a consumer group moving to
+# this broker after a failover redelivers at most this much of its progress (RocketMQ's
+# slaves copy them every 10 s).
+OFFSETS_REFRESH_S: Final = 2.0
 
 
 def replica_name(meta_dir: Path) -> str:
@@ -132,6 +136,7 @@ class Replicator:
         *,
         epochs: EpochHistory | None = None,
         on_diverged: Callable[[int, list[tuple[int, int]]], None] | None = None,
+        on_offsets: Callable[[dict[str, dict[str, dict[int, int]]]], None] | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
@@ -142,6 +147,7 @@ class Replicator:
         self._token = auth_token
         self._epochs = epochs
         self._on_diverged = on_diverged
+        self._on_offsets = on_offsets
         self._task: asyncio.Task[None] | None = None
         self.master_flushed = 0  # as of the last answer (lag = this - the local flushed offset)
         self.connected = False
@@ -198,8 +204,13 @@ class Replicator:
             log.info("replicating %s from offset %d", self.master, self._store.write_offset)
             await self._copy_topics(link)
             topics_at = time.monotonic()
+            offsets_at = 0.0
             store = self._store
             while True:
+                with_offsets = (
+                    self._on_offsets is not None
+                    and time.monotonic() - offsets_at > OFFSETS_REFRESH_S
+                )
                 req = ReplFetchRequest(
                     self.name,
                     store.write_offset,
@@ -207,6 +218,7 @@ class Replicator:
                     FETCH_BYTES,
                     FETCH_WAIT_MS,
                     self._epochs.last_epoch if self._epochs is not None else 0,
+                    with_offsets,
                 )
                 resp: ReplFetchResponse = await link.call(
                     Opcode.REPL_FETCH, req, FETCH_WAIT_MS / 1000 + ANSWER_MARGIN_S
@@ -219,6 +231,10 @@ class Replicator:
                     # Kept before the bytes it covers are written: a log is never longer
                     # than what its history accounts for.
                     self._epochs.adopt(resp.epochs)
+                if with_offsets:
+                    offsets_at = time.monotonic()
+                    if resp.offsets is not None and self._on_offsets is not None:
+                        self._on_offsets(resp.offsets)
                 if resp.data or resp.next_offset != resp.offset:
                     grew = store.append_replicated(resp.offset, resp.data, resp.next_offset)
                     await store.committer.wait_durable()

@@ -1,0 +1,104 @@
+"""`txbroker bench failover`: the failover campaign at length (issue 22) and its figures.
+
+It runs the fault campaign's failover scenarios (txbroker/chaos/failover.py): two broker groups
+of three ``--role auto`` brokers, etcd and a NameServer on loopback, the orders and billing
+services and a plain producer through the NameServer, and every round a kill -9 of one group's
+master. It prints the campaign's table (acknowledged, lost, duplicated, anomalies, Spark), then
+how long each new master took to serve (median, p90, max and every sample) and, with async
+replication, the loss window: acknowledged writes that went down with a killed master.
+
+Exit code as `txbroker chaos`: 0 clean (async's loss window allowed), 1 not, 2 cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from txbroker.cli.common import positive, run
+
+__all__ = ["register_failover"]
+
+
+def register_failover(bsub: Any) -> None:
+    p = bsub.add_parser(
+        "failover",
+        help="kill -9 of broker groups' masters under load: lost, duplicated, time to serve",
+        description=(
+            "The failover campaign: 2 broker groups of 3 brokers (--role auto) with etcd and a "
+            "NameServer on loopback, the orders/billing services and a producer under load, and "
+            "each round a kill -9 of a group's master; then every acknowledged write and "
+            "committed transaction is checked applied once, and the time each new master took "
+            "to serve is reported. Needs Debian's etcd-server."
+        ),
+    )
+    p.add_argument("--rounds", type=positive, default=10, help="kills per scenario (10)")
+    p.add_argument("--load", type=positive, default=200, help="plain sends per round (200)")
+    p.add_argument(
+        "--replication",
+        choices=["sync", "async", "both"],
+        default="both",
+        help="sync: 0 lost expected; async: the loss window measured; both (default)",
+    )
+    p.add_argument(
+        "--reconcile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the Spark reconciliation over both groups' logs after each scenario",
+    )
+    p.add_argument("--seed", type=int, help="the random seed")
+    p.add_argument("--data-dir", help="where the scenarios' folders go (default: $TMPDIR)")
+    p.add_argument("--keep", action="store_true", help="keep the folders of clean scenarios too")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_failover)
+
+
+def _failover(args: argparse.Namespace) -> int:
+    from txbroker.chaos import CampaignOptions, Figures, Sizes, print_table, run_campaign
+    from txbroker.chaos.failover import distribution, summary
+
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    err = Console(stderr=True)
+    scenarios = {
+        "sync": ("master-failover",),
+        "async": ("master-failover-async",),
+        "both": ("master-failover", "master-failover-async"),
+    }[args.replication]
+
+    def done(f: Figures) -> None:
+        if not args.json:
+            verdict = "clean" if f.clean else "[red]NOT CLEAN[/]"
+            err.log(f"{f.scenario}: {f.rounds} rounds, {verdict}; {distribution(f.failover_s)}")
+
+    opts = CampaignOptions(
+        scenarios=scenarios,
+        sizes=Sizes(args.rounds, args.load, round_timeout_s=60, max_s=60.0 * args.rounds + 120),
+        root=Path(args.data_dir) if args.data_dir else None,
+        keep=args.keep,
+        reconcile={"auto": None, "on": True, "off": False}[args.reconcile],
+        seed=args.seed,
+        on_done=done,
+    )
+    try:
+        rows = run(run_campaign(opts))
+    except RuntimeError as e:
+        err.print(f"[red]cannot run:[/] {e}")
+        return 2
+    if args.json:
+        print(json.dumps([{**r.as_dict(), "failover": summary(r.failover_s)} for r in rows]))
+    else:
+        print_table(rows, Console(width=None if sys.stdout.isatty() else 160))
+        for r in rows:
+            print(f"{r.scenario}: new master serving after kill -9: {distribution(r.failover_s)}")
+            if r.loss_allowed:
+                print(
+                    f"{r.scenario}: loss window: {r.lost} of {r.acknowledged} acknowledged "
+                    f"writes lost over {r.faults} kills ({r.lost / max(r.faults, 1):.1f} a kill)"
+                )
+    return 0 if all(r.clean for r in rows) else 1
