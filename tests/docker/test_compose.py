@@ -64,7 +64,10 @@ DEFAULT_SERVICES = {
     "prometheus",
     "grafana",
 }
-CLUSTER_BROKERS = {"broker-g1-a", "broker-g1-b", "broker-g2-a", "broker-g2-b"}
+CLUSTER_BROKERS = {
+    *("broker-g1-a", "broker-g1-b", "broker-g1-c"),
+    *("broker-g2-a", "broker-g2-b", "broker-g2-c"),
+}
 CLUSTER_SERVICES = {"etcd", "nameserver", "cluster-topics", *CLUSTER_BROKERS}
 COORDINATOR = "etcd://etcd:2379"
 
@@ -145,7 +148,8 @@ def test_cluster_brokers_elect_through_etcd() -> None:
         assert source in config["volumes"], name  # a named volume, not the container's layer
         volumes.add(source)
         assert "etcd" in s["depends_on"], name
-    assert {g: len(b) for g, b in groups.items()} == {"g1": 2, "g2": 2}
+    # three a group: after a failover the new master still has a slave for sync writes
+    assert {g: len(b) for g, b in groups.items()} == {"g1": 3, "g2": 3}
     assert len(ids) == len(volumes) == len(CLUSTER_BROKERS)
     assert not volumes & {"brokerdata", "etcddata"}
 
