@@ -1,12 +1,13 @@
 """Replication lag under load, for `txbroker bench produce --replicas N`.
 
 While the replicated run produces, a thread reads the ``txbroker_store_flushed_bytes`` gauge
-from the master's and every slave's ``GET /metrics`` a few times a second. A slave's log sits at
-the master's offsets (docs/cluster.md, "Replication"), so the difference is how far the slave is
-behind the master's flushed log: the figure ``ReplicaTracker.status()`` holds as the slaves last
-reported it, which no endpoint serves. Each reading is stamped with the middle of its request;
-after the run every slave reading is set against the master's flushed offset interpolated at
-that instant (bytes behind) and against the instant the master's flushed offset had reached the
+from every slave's ``GET /metrics`` a few times a second, each time between two readings of the
+master's. A slave's log sits at the master's offsets (docs/cluster.md, "Replication"), so the
+difference is how far the slave is behind the master's flushed log: the figure
+``ReplicaTracker.status()`` holds as the slaves last reported it, which no endpoint serves. Each
+reading is stamped with the middle of its request; after the run every slave reading is set
+against the master's flushed offset interpolated at that instant between the two master readings
+around it (bytes behind), and against the instant the master's flushed offset had reached the
 slave's (time behind: how old the newest record the slave has flushed is).
 """
 
@@ -67,9 +68,9 @@ class LagSampler:
             self._read(self.master, self.master_series)
             for http, series in zip(self.slaves, self.slave_series, strict=True):
                 self._read(http, series)
+            self._read(self.master, self.master_series)  # the slaves' readings between two
             if self._stop.wait(self.interval_s):
                 break
-        self._read(self.master, self.master_series)  # brackets the last slave readings
 
     def summary(self) -> dict[str, float]:
         """Over every slave's readings: bytes and milliseconds behind, p50, p99 and max."""
