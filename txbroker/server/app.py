@@ -351,7 +351,11 @@ class BrokerServer:
         return failover
 
     def _adopt_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
-        self.groups.adopt_offsets(offsets, self.topics.exists)
+        store = self.store
+        assert store is not None
+        self.groups.adopt_offsets(
+            offsets, self.topics.exists, lambda t, q: store.queue_range(t, q)[1]
+        )
 
     def _request_restart(self, reason: str) -> None:
         log.warning("restart requested: %s", reason)

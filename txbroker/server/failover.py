@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from txbroker.cluster.routes import BrokerInfo
-from txbroker.errors import NotMaster
+from txbroker.errors import NotMaster, ReplicationTimeout
 from txbroker.protocol.frames import Opcode
 from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.delay import DelayScheduler
@@ -125,10 +125,18 @@ class MasterDuties:
         self.active = False
 
     def refuse(self, why: str) -> None:
-        """Refuse every write (and REPL_FETCH) now, naming ``why``; synchronous."""
+        """Refuse every write (and REPL_FETCH) now, naming ``why``; synchronous. Writes still
+        waiting for their slaves are answered now: their outcome is unknown."""
         self._store.follow(why)
         self._store.replication_gate = None
         self._store.retention_hook = None
+        if self.replicas is not None:
+            self.replicas.fail_waiting(
+                ReplicationTimeout(
+                    f"this broker stopped being master ({why}) before enough slaves had the "
+                    "write: it may still be delivered; resend only with an idempotency key"
+                )
+            )
 
         async def refuse(_: object) -> None:
             raise NotMaster(f"this broker is not the master now ({why}): ask the NameServer")
@@ -137,14 +145,30 @@ class MasterDuties:
             self._handlers[op] = refuse
             self._direct.pop(op, None)
 
-    async def take(self, epoch: int) -> None:
+    async def take(
+        self, epoch: int, is_leader: Callable[[], bool], on_lapsed: Callable[[], None]
+    ) -> None:
+        """Become master of ``epoch``. Every append first asks ``is_leader()`` (the lease
+        still surely alive); if not, ``on_lapsed()`` steps down and the append is refused."""
         store = self._store
         await store.committer.wait_durable()  # what the last fetch wrote, before the epoch
         self._epochs.begin(epoch, store.write_offset)
-        store.unfollow()
+
+        def fence() -> None:
+            if not is_leader():
+                on_lapsed()
+                raise NotMaster(
+                    "this broker's term as master lapsed (its lease could not be renewed in "
+                    "time): ask the NameServer for the group's master"
+                )
+
+        store.unfollow(fence)
         store.retention_hook = self._halves
         tracker = self.replicas = ReplicaTracker(
-            store, self._replication.min_insync, self._replication.timeout_ms / 1000
+            store,
+            self._replication.min_insync,
+            self._replication.timeout_ms / 1000,
+            covered=store.write_offset,  # this term's history begins with all it holds
         )
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
@@ -235,15 +259,15 @@ class Failover:
             self.replicator = self._replicator_for(address)
             self.replicator.start()
 
-    async def promote(self, epoch: int) -> None:
+    async def promote(self, epoch: int, is_leader: Callable[[], bool]) -> None:
         """Won the election of ``epoch``: become master (raises if it cannot; the caller
-        resigns)."""
+        resigns). ``is_leader`` fences every append of the term."""
         async with self._lock:
             self._move(FailoverState.PROMOTING)
             await self._stop_replicator()
             self.master = None
             try:
-                await self.duties.take(epoch)
+                await self.duties.take(epoch, is_leader, self.step_down)
             except BaseException:
                 self.duties.refuse("taking over failed")
                 self._move(FailoverState.WAITING)

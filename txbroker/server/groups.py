@@ -173,15 +173,22 @@ class GroupCoordinator:
         return {o: {t: dict(qs) for t, qs in ts.items()} for o, ts in self._offsets.items()}
 
     def adopt_offsets(
-        self, offsets: dict[str, dict[str, dict[int, int]]], exists: Callable[[str], bool]
+        self,
+        offsets: dict[str, dict[str, dict[int, int]]],
+        exists: Callable[[str], bool],
+        queue_end: Callable[[str, int], int],
     ) -> None:
         """A slave keeps its master's committed offsets (topics it has), never moving one of
-        its own back: a consumer that read from the slave meanwhile keeps its progress."""
+        its own back (a consumer that read from the slave meanwhile keeps its progress), nor
+        past the end of its own queue: entries the master has and the slave not yet may never
+        be the group's (a failover before they are copied), and the entries written there
+        instead must not be skipped."""
         for owner, topics in offsets.items():
             for topic, queues in topics.items():
                 if not exists(topic):
                     continue
                 for qid, off in queues.items():
+                    off = min(off, queue_end(topic, qid))
                     if off >= 0 and off > (self.committed(owner, topic, qid) or -1):
                         self.commit(owner, topic, qid, off)
 

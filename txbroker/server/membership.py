@@ -94,7 +94,7 @@ class Membership:
         update_interval_s: float = UPDATE_INTERVAL_S,
         log_epoch: Callable[[], int] = lambda: 0,
         on_master: Callable[[BrokerInfo | None], None] | None = None,
-        on_elected: Callable[[int], Awaitable[None]] | None = None,
+        on_elected: Callable[[int, Callable[[], bool]], Awaitable[None]] | None = None,
         on_step_down: Callable[[], None] | None = None,
     ) -> None:
         if settings.role not in ROLES:
@@ -167,7 +167,7 @@ class Membership:
             term = await election.campaign()
             if self._on_elected is not None:
                 try:
-                    await self._on_elected(term.epoch)
+                    await self._on_elected(term.epoch, election.is_leader)
                 except Exception:
                     log.exception("cannot take over as master of %s; resigning", s.group)
                     await election.resign()

@@ -110,6 +110,8 @@ class ReplicaTracker:
         store: MessageStore,
         min_insync: int,
         timeout_s: float,
+        *,
+        covered: int | None = None,
     ) -> None:
         self._store = store
         self._loop = asyncio.get_running_loop()
@@ -117,7 +119,10 @@ class ReplicaTracker:
         self._timeout_s = timeout_s
         self.replicas: dict[str, int] = {}  # slave name -> flushed offset it reported
         self.seen_s: dict[str, float] = {}  # slave name -> monotonic time of its last report
-        self.covered = 0  # offset flushed on min_insync slaves
+        # The log is flushed on min_insync slaves below this; consumers read below it too. What
+        # the log held when the tracker was made counts as covered (an elected master's term
+        # begins with it; a master's log before this run is what it was).
+        self.covered = store.flushed_offset if covered is None else covered
         self._batches: collections.deque[_Batch] = collections.deque()
         self._open: _Batch | None = None
         self.timeouts = 0
@@ -163,6 +168,16 @@ class ReplicaTracker:
                 "idempotency key"
             )
         )
+
+    def fail_waiting(self, error: BaseException) -> None:
+        """Answer every write still waiting with ``error`` (the broker stopped being master)."""
+        self._open = None
+        while self._batches:
+            b = self._batches.popleft()
+            if b.timer is not None:
+                b.timer.cancel()
+            if not b.fut.done():
+                b.fut.set_exception(error)
 
     # --- reports ---------------------------------------------------------------------------
 

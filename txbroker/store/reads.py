@@ -150,12 +150,17 @@ class StoreReads(StoreCore):
     @property
     def readable_offset(self) -> int:
         """Consumers see records below this: in sync mode only durable ones, so no consumer
-        ever acts on a record a power loss could still take back; in async mode all. Never
-        past where a failed write cut the log (see ``TailCut``)."""
+        ever acts on a record a power loss could still take back; in async mode all. With
+        sync replication only those enough slaves hold, so no consumer acts on a record a
+        failover could still take back. Never past where a failed write cut the log (see
+        ``TailCut``)."""
         if self._sync:
             end = self._committer.flushed if self._committer else 0
         else:
             end = self.log.write_pos
+        gate = self.replication_gate
+        if gate is not None:
+            end = min(end, gate.covered)
         return end if self._cut_at is None else min(end, self._cut_at)
 
 

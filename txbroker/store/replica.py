@@ -29,6 +29,8 @@ __all__ = ["ReplicationGate", "StoreReplication", "parse_records"]
 class ReplicationGate(Protocol):
     """What a write waits for when replication is synchronous (installed on the master)."""
 
+    covered: int  # the log is flushed on enough replicas below this: consumers read below it
+
     def covering(self, offset: int) -> asyncio.Future[None]:
         """A future resolved once enough replicas have flushed the log up to ``offset``
         (which implies the master flushed it: replicas only receive flushed bytes), or failed

@@ -23,7 +23,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NoReturn, TypeAlias
 
 import msgspec
@@ -444,14 +444,27 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
         self.append_nowait = refuse  # type: ignore[method-assign, assignment]
         self.append_batch_nowait = refuse  # type: ignore[method-assign, assignment]
 
-    def unfollow(self) -> None:
-        """Take this store's own appends again: a slave made master (failover)."""
+    def unfollow(self, fence: Callable[[], None] | None = None) -> None:
+        """Take this store's own appends again: a slave made master (failover). ``fence`` is
+        called before each append and raises to refuse it: an elected master's lease may end
+        between two appends, and a process frozen past it handles what waits on its sockets
+        before its timers (failover.py). Shadowed on the instance as :meth:`follow` does."""
         for name in ("append_nowait", "append_batch_nowait"):
             self.__dict__.pop(name, None)
+        if fence is None:
+            return
+        one, batch = self.append_nowait, self.append_batch_nowait
 
-    @property
-    def following(self) -> bool:
-        return "append_nowait" in self.__dict__
+        def append_nowait(msg: Message) -> AppendResult:
+            fence()
+            return one(msg)
+
+        def append_batch_nowait(msgs: Sequence[Message]) -> list[AppendResult]:
+            fence()
+            return batch(msgs)
+
+        self.append_nowait = append_nowait  # type: ignore[method-assign]
+        self.append_batch_nowait = append_batch_nowait  # type: ignore[method-assign]
 
     def cut_tail(self, offset: int) -> None:
         """Record durably that the log ends at ``offset``: the next open drops what follows
