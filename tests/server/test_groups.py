@@ -70,3 +70,21 @@ async def test_notifier_wakes_waiters_and_times_out() -> None:
     assert await asyncio.wait_for(waiter, 1) is True
     assert n.waiting == 0
     assert await n.wait([("t", 3)], 0.01) is False
+
+
+def test_a_slave_keeps_its_masters_offsets_within_its_own_queues(tmp_path: Path) -> None:
+    """Copied offsets (replication): never past the slave's queue end (entries it has not
+    copied yet may never be the group's, and a failover writes others there), never moving
+    one of its own back, only for topics it has."""
+    gc = GroupCoordinator(tmp_path)
+    gc.commit("billing", "orders", 1, 7)  # a consumer read from the slave meanwhile
+    ends = {("orders", 0): 10, ("orders", 1): 10}
+    gc.adopt_offsets(
+        {"billing": {"orders": {0: 12, 1: 5}, "gone": {0: 3}}},
+        exists=lambda t: t == "orders",
+        queue_end=lambda t, q: ends[(t, q)],
+    )
+    assert gc.committed("billing", "orders", 0) == 10  # clamped to the queue's end
+    assert gc.committed("billing", "orders", 1) == 7  # its own, further on, kept
+    assert gc.groups() == [("billing", "orders")]
+    assert gc.all_offsets() == {"billing": {"orders": {0: 10, 1: 7}}}
