@@ -104,7 +104,7 @@ class MasterDuties:
         epochs: EpochHistory,
         offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
     ) -> None:
-        self._store = store
+        self.store = store
         self._tx = tx
         self._checker = checker
         self._scheduler = scheduler
@@ -112,7 +112,7 @@ class MasterDuties:
         self._handlers = handlers
         self._direct = direct
         self._replication = replication
-        self._epochs = epochs
+        self.epochs = epochs
         self._offsets = offsets
         # The master's handlers, put back on promotion (the connections share these dicts).
         self._writes: dict[int, Handler] = {
@@ -124,12 +124,13 @@ class MasterDuties:
         self.replicas: ReplicaTracker | None = None
         self.active = False
 
-    def refuse(self, why: str) -> None:
-        """Refuse every write (and REPL_FETCH) now, naming ``why``; synchronous. Writes still
-        waiting for their slaves are answered now: their outcome is unknown."""
-        self._store.follow(why)
-        self._store.replication_gate = None
-        self._store.retention_hook = None
+    def refuse(self, why: str, master: str | None = None) -> None:
+        """Refuse every write (and REPL_FETCH) now, naming ``why`` (and ``master``, the one to
+        ask, when known); synchronous. Writes still waiting for their slaves are answered now:
+        their outcome is unknown."""
+        self.store.follow(master or "the master its group elects")
+        self.store.replication_gate = None
+        self.store.retention_hook = None
         if self.replicas is not None:
             self.replicas.fail_waiting(
                 ReplicationTimeout(
@@ -138,8 +139,11 @@ class MasterDuties:
                 )
             )
 
+        where = f"send writes to {master}" if master else "ask the NameServer for the master"
+        refusal = f"this broker is not its group's master now ({why}): {where}"
+
         async def refuse(_: object) -> None:
-            raise NotMaster(f"this broker is not the master now ({why}): ask the NameServer")
+            raise NotMaster(refusal)
 
         for op in (*WRITES, Opcode.REPL_FETCH):
             self._handlers[op] = refuse
@@ -150,9 +154,9 @@ class MasterDuties:
     ) -> None:
         """Become master of ``epoch``. Every append first asks ``is_leader()`` (the lease
         still surely alive); if not, ``on_lapsed()`` steps down and the append is refused."""
-        store = self._store
+        store = self.store
         await store.committer.wait_durable()  # what the last fetch wrote, before the epoch
-        self._epochs.begin(epoch, store.write_offset)
+        self.epochs.begin(epoch, store.write_offset)
 
         def fence() -> None:
             if not is_leader():
@@ -173,7 +177,7 @@ class MasterDuties:
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
         self._handlers[Opcode.REPL_FETCH] = fetch_handler(
-            store, tracker, self._epochs, self._offsets
+            store, tracker, self.epochs, self._offsets
         )
         started = time.monotonic()
         await self._tx.recover(from_start=True)
@@ -181,6 +185,8 @@ class MasterDuties:
         self._checker.start()
         self._scheduler.forget_cursors()
         self._scheduler.start()
+        if not is_leader():  # lost while taking over: the caller unwinds (no await from here)
+            raise NotMaster("the term ended while this broker was taking over")
         if self._replication.mode == "sync":
             store.replication_gate = tracker
         self._handlers.update(self._writes)
@@ -195,7 +201,8 @@ class MasterDuties:
         )
 
     async def drop(self) -> None:
-        """Stop the duties' tasks (writes were refused already, :meth:`refuse`)."""
+        """Stop the duties' tasks (writes were refused already, :meth:`refuse`); also those
+        of a take-over that did not finish."""
         self.active = False
         self.replicas = None
         await self._checker.stop()
@@ -234,7 +241,12 @@ class Failover:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("failover: %s", task.exception(), exc_info=task.exception())
 
     # Told by Membership.
 
@@ -255,7 +267,7 @@ class Failover:
                 self.duties.refuse("no master elected now")
                 return
             self._move(FailoverState.FOLLOWING)
-            self.duties.refuse(f"a slave of {address}")
+            self.duties.refuse(f"a slave of {address}", address)
             self.replicator = self._replicator_for(address)
             self.replicator.start()
 
@@ -270,28 +282,30 @@ class Failover:
                 await self.duties.take(epoch, is_leader, self.step_down)
             except BaseException:
                 self.duties.refuse("taking over failed")
+                await self.duties.drop()
                 self._move(FailoverState.WAITING)
                 raise
             self._move(FailoverState.MASTER)
 
     def step_down(self) -> None:
-        """Leadership lost: refuse writes now (synchronously), stop the duties after."""
+        """Leadership lost: refuse writes now (synchronously), stop the duties after. While
+        taking over, :meth:`promote` notices (``take`` checks the term last) and unwinds."""
         if self.state not in (FailoverState.MASTER, FailoverState.PROMOTING):
             return
         self.duties.refuse("stepped down as master")
         if self.state is FailoverState.MASTER:
             self._move(FailoverState.WAITING)
-        self._spawn(self.duties.drop())
+            self._spawn(self.duties.drop())
 
     def diverged(self, cut_at: int, epochs: list[tuple[int, int]]) -> None:
         """The master says this log runs past its history at ``cut_at``."""
         if self.state is not FailoverState.FOLLOWING:
             return
         self._move(FailoverState.RESTARTING)
-        store = self.duties._store
+        store = self.duties.store
         kept = save_divergent(store, cut_at, self._data_dir / DIVERGENT_DIR)
         store.cut_tail(cut_at)
-        self.duties._epochs.adopt(epochs)
+        self.duties.epochs.adopt(epochs)
         self._on_restart(
             f"its log runs past the master's history at offset {cut_at} "
             f"({store.write_offset - cut_at} bytes, kept in {kept}): restarting to cut it"
