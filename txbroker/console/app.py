@@ -24,8 +24,9 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from txbroker.console.context import PREFIX, Context, Deps, Settings
+from txbroker.console.context import PREFIX, ClusterLink, Context, Deps, Settings
 from txbroker.console.views import (
+    cluster,
     deadletters,
     groups,
     login,
@@ -90,6 +91,7 @@ def build_console(deps: Deps) -> Starlette:
         *transactions.routes(ctx),
         *deadletters.routes(ctx),
         *reconciliation.routes(ctx),
+        *cluster.routes(ctx),
         *login.routes(ctx),
         Mount("/static", StaticFiles(packages=[("txbroker.console", "static")]), name="static"),
     ]
@@ -105,6 +107,15 @@ def console_routes(server: BrokerServer) -> list[BaseRoute]:
     ``txbroker serve`` gives :class:`~txbroker.server.app.BrokerServer`)."""
     assert server.store is not None and server.tx is not None and server.retry is not None
     cfg = server.config
+    link = None
+    if cfg.coordinator is not None and cfg.group is not None:
+
+        def broker_id() -> str | None:
+            # The membership starts after the HTTP server: until then, the id as configured.
+            membership = server.membership
+            return membership.settings.broker_id if membership is not None else cfg.broker_id
+
+        link = ClusterLink(cfg.coordinator, cfg.group, broker_id)
     deps = Deps(
         server.store,
         server.topics,
@@ -113,5 +124,6 @@ def console_routes(server: BrokerServer) -> list[BaseRoute]:
         server.retry,
         server.tx,
         Settings(cfg.token_table(), cfg.trace_url, cfg.reconcile_reports),
+        link,
     )
     return [Mount(PREFIX, app=build_console(deps), name="console")]

@@ -33,7 +33,7 @@ from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 from txbroker.tx.coordinator import TxCoordinator
 
-__all__ = ["ActionFn", "Context", "Deps", "PageFn", "Settings"]
+__all__ = ["ActionFn", "ClusterLink", "Context", "Deps", "PageFn", "Settings"]
 
 log = logging.getLogger("txbroker.console")
 
@@ -44,6 +44,7 @@ NAV: Final = (
     ("transactions", "/transactions", "Transactions"),
     ("deadletters", "/deadletters", "Dead letters"),
     ("reconciliation", "/reconciliation", "Reconciliation"),
+    ("cluster", "/cluster", "Cluster"),
 )
 # A notice lives until the page it was meant for is shown (or a minute passes).
 FLASH_MAX_AGE_S: Final = 60
@@ -57,6 +58,16 @@ class Settings:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterLink:
+    """Where this broker's group is registered (``--coordinator``, ``--group``) and which broker
+    it is there: the id is known once it registered (by default it is derived from the port)."""
+
+    coordinator: str  # etcd://host:port[,...]
+    group: str
+    broker_id: Callable[[], str | None]
+
+
+@dataclass(frozen=True, slots=True)
 class Deps:
     store: MessageStore
     topics: TopicRegistry
@@ -65,6 +76,7 @@ class Deps:
     retry: RetryService
     tx: TxCoordinator
     settings: Settings
+    cluster: ClusterLink | None = None  # None: a broker of no group
 
 
 PageFn = Callable[[Request], Awaitable[Response]]
