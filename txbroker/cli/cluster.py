@@ -41,6 +41,8 @@ def _status(args: argparse.Namespace) -> int:
     coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
     if not coordinator:
         raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    from txbroker.cluster.status import queue_span
+
     status = run(_read(coordinator))
     if args.json:
         print_json(status.to_json())
@@ -63,7 +65,7 @@ def _status(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print_table(
         ["TOPIC", Column("QUEUES", numeric=True), "GROUPS"],
-        [(t.topic, t.queues, ", ".join(f"{s.group}: {_span(s.queues)}" for s in t.shares))
+        [(t.topic, t.queues, ", ".join(f"{s.group}: {queue_span(s.queues)}" for s in t.shares))
          for t in status.topics],
         title="topic routes",
         empty="no topics routed over groups",
@@ -77,10 +79,3 @@ async def _read(url: str) -> ClusterStatus:
 
     async with await connect_coordinator(url) as coordinator:
         return await read_status(coordinator)
-
-
-def _span(queues: tuple[int, ...]) -> str:
-    """0-3 for a block, else the list."""
-    if queues and list(queues) == list(range(queues[0], queues[-1] + 1)) and len(queues) > 1:
-        return f"{queues[0]}-{queues[-1]}"
-    return ",".join(map(str, queues))

@@ -22,7 +22,14 @@ from txbroker.cluster.routes import (
     choose_masters,
 )
 
-__all__ = ["BrokerStatus", "ClusterStatus", "GroupStatus", "read_status"]
+__all__ = ["BrokerStatus", "ClusterStatus", "GroupStatus", "queue_span", "read_status"]
+
+
+def queue_span(queues: tuple[int, ...]) -> str:
+    """A group's share of a topic's queues as shown: ``0-3`` for a block, else the list."""
+    if len(queues) > 1 and list(queues) == list(range(queues[0], queues[-1] + 1)):
+        return f"{queues[0]}-{queues[-1]}"
+    return ",".join(map(str, queues))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from txbroker.cluster import connect_coordinator
-from txbroker.cluster.status import BrokerStatus, ClusterStatus, read_status
+from txbroker.cluster.status import BrokerStatus, ClusterStatus, queue_span, read_status
 from txbroker.console.context import Context
 from txbroker.errors import CoordinationError
 
@@ -42,13 +42,6 @@ class RouteRow:
     topic: str
     queues: int
     shares: tuple[tuple[str, str], ...]  # (group, its queues as "0-3" or "0,2,5")
-
-
-def span(queues: tuple[int, ...]) -> str:
-    """``0-3`` for a block, else the list (as ``txbroker cluster status`` prints them)."""
-    if len(queues) > 1 and list(queues) == list(range(queues[0], queues[-1] + 1)):
-        return f"{queues[0]}-{queues[-1]}"
-    return ",".join(map(str, queues))
 
 
 async def read(url: str) -> ClusterStatus:
@@ -85,7 +78,9 @@ def routes(ctx: Context) -> list[Route]:
                 (b for b in status.brokers if b.group == link.group and b.broker == me), None
             )
             route_rows = [
-                RouteRow(t.topic, t.queues, tuple((s.group, span(s.queues)) for s in t.shares))
+                RouteRow(
+                    t.topic, t.queues, tuple((s.group, queue_span(s.queues)) for s in t.shares)
+                )
                 for t in status.topics
             ]
         context |= {
