@@ -33,7 +33,7 @@ from txbroker.runtime.brokerproc import BrokerProcess
 from txbroker.runtime.etcdproc import EtcdServer, free_port
 from txbroker_sdk import Client
 
-__all__ = ["Cluster", "Member", "NameServerProcess"]
+__all__ = ["Cluster", "Member", "NameServerProcess", "wait_for_brokers"]
 
 START_TIMEOUT_S: Final = 30.0
 
@@ -203,25 +203,7 @@ class Cluster:
     async def wait_brokers(
         self, check: Callable[[dict[str, BrokerInfo]], bool], timeout_s: float = 30.0
     ) -> dict[str, BrokerInfo]:
-        """The registrations (by key) once ``check(registrations)`` holds: listed, then
-        followed by a watch from the listing's revision, within ``timeout_s``."""
-        async with await connect_coordinator(self.etcd.url) as coordinator:
-            listing = await coordinator.list_prefix(BROKERS_PREFIX)
-            brokers = {kv.key: BrokerInfo.from_json(kv.value) for kv in listing.items}
-            if check(brokers):
-                return brokers
-            async with asyncio.timeout(timeout_s):
-                async with coordinator.watch_prefix(
-                    BROKERS_PREFIX, start_revision=listing.revision + 1
-                ) as events:
-                    async for event in events:
-                        if event.kind is EventKind.DELETE:
-                            brokers.pop(event.key, None)
-                        else:
-                            brokers[event.key] = BrokerInfo.from_json(event.value)
-                        if check(brokers):
-                            return brokers
-        raise AssertionError("the watch ended")
+        return await wait_for_brokers(self.etcd.url, check, timeout_s)
 
     async def masters(self) -> dict[str, BrokerInfo]:
         return dict(choose_masters((await self.wait_brokers(lambda _: True)).values()))
@@ -263,3 +245,29 @@ class Cluster:
             return len(mine) == n and sum(b.role is Role.MASTER for b in mine) == 1
 
         await self.wait_brokers(ready, timeout_s)
+
+
+async def wait_for_brokers(
+    coordinator_url: str,
+    check: Callable[[dict[str, BrokerInfo]], bool],
+    timeout_s: float = 30.0,
+) -> dict[str, BrokerInfo]:
+    """The registrations under /txb/brokers/ (by key) once ``check(registrations)`` holds:
+    listed, then followed by a watch from the listing's revision, within ``timeout_s``."""
+    async with await connect_coordinator(coordinator_url) as coordinator:
+        listing = await coordinator.list_prefix(BROKERS_PREFIX)
+        brokers = {kv.key: BrokerInfo.from_json(kv.value) for kv in listing.items}
+        if check(brokers):
+            return brokers
+        async with asyncio.timeout(timeout_s):
+            async with coordinator.watch_prefix(
+                BROKERS_PREFIX, start_revision=listing.revision + 1
+            ) as events:
+                async for event in events:
+                    if event.kind is EventKind.DELETE:
+                        brokers.pop(event.key, None)
+                    else:
+                        brokers[event.key] = BrokerInfo.from_json(event.value)
+                    if check(brokers):
+                        return brokers
+    raise AssertionError("the watch ended")
