@@ -29,7 +29,7 @@ from txbroker.cluster.coordination import EventKind
 from txbroker.cluster.routes import BROKERS_PREFIX, BrokerInfo, Role, choose_masters
 from txbroker.errors import NoRoute
 from txbroker.nameserver import READY_PREFIX
-from txbroker.runtime.brokerproc import BrokerProcess
+from txbroker.runtime.brokerproc import BrokerProcess, terminate
 from txbroker.runtime.etcdproc import EtcdServer, free_port
 from txbroker_sdk import Client
 
@@ -69,13 +69,7 @@ class NameServerProcess:
         """SIGTERM and wait (bounded); SIGKILL if it hangs."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        terminate(self.proc, timeout_s)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return self.proc.returncode

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from txbroker.cli.chaos import add_campaign_flags
 from txbroker.cli.common import positive, run
 
 __all__ = ["register_failover"]
@@ -46,16 +47,7 @@ def register_failover(bsub: Any) -> None:
         default="both",
         help="sync: 0 lost expected; async: the loss window measured; both (default)",
     )
-    p.add_argument(
-        "--reconcile",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="the Spark reconciliation over both groups' logs after each scenario",
-    )
-    p.add_argument("--seed", type=int, help="the random seed")
-    p.add_argument("--data-dir", help="where the scenarios' folders go (default: $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the folders of clean scenarios too")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_campaign_flags(p)
     p.set_defaults(func=_failover)
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from txbroker.cli.common import Subparsers, positive, run
 from txbroker.errors import InvalidArgument
 
-__all__ = ["register"]
+__all__ = ["add_campaign_flags", "register"]
 
 
 def register(sub: Subparsers) -> None:
@@ -66,6 +66,12 @@ def register(sub: Subparsers) -> None:
         help="disk-full: a small tmpfs (root), RLIMIT_FSIZE on the broker, or auto (tmpfs when "
         "it can be mounted)",
     )
+    add_campaign_flags(p)
+    p.set_defaults(func=_chaos)
+
+
+def add_campaign_flags(p: argparse.ArgumentParser) -> None:
+    """What every campaign command takes (`chaos`, `bench failover`)."""
     p.add_argument(
         "--reconcile",
         choices=["auto", "on", "off"],
@@ -76,7 +82,6 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--data-dir", help="where the scenarios' folders go (default: $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the folders of clean scenarios too")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.set_defaults(func=_chaos)
 
 
 def _chaos(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["READY_PREFIX", "BrokerProcess", "parse_ready"]
+__all__ = ["READY_PREFIX", "BrokerProcess", "parse_ready", "terminate"]
 
 READY_PREFIX = "txbroker ready"
 START_TIMEOUT_S = 30.0
@@ -30,6 +30,17 @@ def parse_ready(line: str) -> tuple[str, str]:
     if fields.get("tls") == "on":
         return f"txbs://{fields['tcp']}", f"https://{fields['http']}"
     return f"txb://{fields['tcp']}", f"http://{fields['http']}"
+
+
+def terminate(proc: subprocess.Popen[str], timeout_s: float = 30) -> None:
+    """SIGTERM a child and wait (bounded); SIGKILL it if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 class BrokerProcess:
@@ -102,13 +113,7 @@ class BrokerProcess:
         """SIGTERM and wait (bounded); SIGKILL if it hangs. Returns the exit code."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        terminate(self.proc, timeout_s)
         self._close_pipes()
         return self.proc.returncode
 
