@@ -1,6 +1,7 @@
 """Broker groups and the NameServer (issue 22, items 2 and 3) with real processes: a real etcd,
-two groups of one broker each (g1 a master by --role master, g2 elected by --role auto), and
-NameServers; clients through ``txbns://``."""
+two groups of two brokers each, a master and a slave (g1's named by --role master and --role
+slave --replica-of, g2's elected by --role auto), and NameServers; clients through
+``txbns://``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.cluster.conftest import EtcdServer
 from tests.cluster.groups import NameServerProcess, masters_of, wait_for_brokers
 from tests.conftest import IN_CI
 from txbroker.cluster.routes import Role, choose_masters, spread_queues
-from txbroker.errors import InvalidArgument, NoRoute
+from txbroker.errors import InvalidArgument, NoRoute, NotFound
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import RouteRequest, SendRequest
 from txbroker.runtime.brokerproc import BrokerProcess
@@ -36,12 +37,14 @@ from txbroker.cluster.routes import replace_route
 # Long enough for a loaded runner's first fetch; the consumer's loop ends on the count, not it.
 FETCH_MS = 2_000
 DEADLINE_S = 30.0
+LOOK_S = 0.05  # between looks at what a slave holds
 
 
 @dataclass
 class Cluster:
     etcd: EtcdServer
-    brokers: dict[str, BrokerProcess]  # by group
+    brokers: dict[str, BrokerProcess]  # each group's master, by group
+    slaves: dict[str, BrokerProcess]  # each group's slave, by group
     nameservers: list[NameServerProcess]
 
     @property
@@ -72,7 +75,7 @@ class Cluster:
 def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
     started: list[BrokerProcess | NameServerProcess] = []
     try:
-        brokers = {}
+        brokers, slaves = {}, {}
         for group, role in (("g1", "master"), ("g2", "auto")):
             b = BrokerProcess(
                 tmp_path / group,
@@ -82,12 +85,23 @@ def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
             started.append(b)
             brokers[group] = b.start()
         asyncio.run(wait_for_brokers(etcd.url, masters_of("g1", "g2")))
+        # Each master's slave, started once the masters are: g2-a won g2's election alone.
+        for group, role in (("g1", ("--role", "slave", "--replica-of", brokers["g1"].url)),
+                            ("g2", ("--role", "auto"))):  # fmt: skip
+            s = BrokerProcess(
+                tmp_path / f"{group}-b",
+                *("--group", group, "--coordinator", etcd.url, *role),
+                *("--broker-id", f"{group}-b"),
+            )
+            started.append(s)
+            slaves[group] = s.start()
+        asyncio.run(wait_for_brokers(etcd.url, lambda bs: len(bs) == 4))
         nameservers = []
         for i in range(2):
             ns = NameServerProcess(etcd.url, tmp_path / f"ns{i}.log")
             started.append(ns)
             nameservers.append(ns.start())
-        yield Cluster(etcd, brokers, nameservers)
+        yield Cluster(etcd, brokers, slaves, nameservers)
     finally:
         for p in reversed(started):
             p.stop()
@@ -95,15 +109,19 @@ def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
 
 async def test_brokers_register_with_their_roles_and_go_when_stopped(cluster: Cluster) -> None:
     brokers = await wait_for_brokers(cluster.etcd.url, masters_of("g1", "g2"))
-    by_group = {b.group: b for b in brokers.values()}
+    by_group = {b.group: b for b in brokers.values() if b.role is Role.MASTER}
     assert by_group["g1"].role is Role.MASTER and by_group["g1"].epoch == 0  # --role master
     assert by_group["g2"].role is Role.MASTER and by_group["g2"].epoch > 0  # elected
     assert by_group["g1"].address == cluster.brokers["g1"].url
     assert by_group["g2"].http == cluster.brokers["g2"].http
 
+    slaves = {b.broker_id: b for b in brokers.values() if b.role is Role.SLAVE}
+    assert set(slaves) == {"g1-b", "g2-b"}  # g2-b campaigns, and follows g2-a meanwhile
+    assert slaves["g1-b"].address == cluster.slaves["g1"].url
+
     cluster.brokers["g1"].stop()  # SIGTERM: the registration is revoked, not left to expire
-    left = await wait_for_brokers(cluster.etcd.url, lambda b: len(b) == 1, timeout_s=5)
-    assert set(choose_masters(left.values())) == {"g2"}
+    left = await wait_for_brokers(cluster.etcd.url, lambda b: len(b) == 3, timeout_s=5)
+    assert set(choose_masters(left.values())) == {"g2"}  # g1-b is named a slave: no failover
 
 
 async def test_producers_spread_over_both_groups_and_a_consumer_gets_each_once(
@@ -151,6 +169,14 @@ async def test_producers_spread_over_both_groups_and_a_consumer_gets_each_once(
             stored[group] = info.messages
     assert stored["g1"] > 0 and stored["g2"] > 0
     assert sum(stored.values()) == sent
+    # Each group's slave holds its group's share (replicated: waited for, bounded).
+    for group, slave in cluster.slaves.items():
+        async with await Client.connect(slave.url) as direct:
+            for _ in range(int(DEADLINE_S / LOOK_S)):  # bounded: DEADLINE_S
+                if await _messages(direct, "orders") >= stored[group]:
+                    break
+                await asyncio.sleep(LOOK_S)  # the next look: replication runs on its own
+            assert await _messages(direct, "orders") == stored[group]
 
     async with await Client.connect(cluster.url) as client:
         seen: collections.Counter[bytes] = collections.Counter()
@@ -163,6 +189,13 @@ async def test_producers_spread_over_both_groups_and_a_consumer_gets_each_once(
             extra = await consumer.fetch(500)  # nothing more comes
     assert sum(seen.values()) == sent and set(seen.values()) == {1}
     assert extra == []
+
+
+async def _messages(client: Client, topic: str) -> int:
+    try:
+        return (await client.describe_topic(topic)).messages
+    except NotFound:  # not copied from the master yet
+        return 0
 
 
 async def test_a_route_change_is_picked_up(
@@ -300,6 +333,9 @@ async def test_cluster_status_shows_groups_roles_offsets_and_routes(cluster: Clu
     assert brokers["g1-a"]["role"] == "master" and brokers["g1-a"]["lag_bytes"] == 0
     assert brokers["g1-a"]["address"] == cluster.brokers["g1"].url
     assert brokers["g2-a"]["epoch"] > 0 and int(brokers["g2-a"]["lease"], 16) > 0
+    assert brokers["g1-b"]["role"] == "slave" and brokers["g2-b"]["role"] == "slave"
+    assert brokers["g1-b"]["lag_bytes"] is not None and brokers["g1-b"]["lag_bytes"] >= 0
+    assert groups["g1"]["brokers"] == 2 and groups["g2"]["brokers"] == 2
     assert all(b["flushed_offset"] >= 0 for b in brokers.values())
     (route,) = [t for t in status["topics"] if t["topic"] == "status-orders"]
     assert route["groups"] == [
