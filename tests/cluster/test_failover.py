@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import _require_etcd
+from tests.tx.conftest import FAST, GROUP, SECRET, CheckServer, check_server
 from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
 from txbroker.protocol.frames import Opcode
@@ -25,6 +26,7 @@ from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
 from txbroker.store.replica import parse_records
+from txbroker_checkback import CheckStatus
 from txbroker_sdk import Client
 from txbroker_sdk.consumer import Consumer
 
@@ -198,3 +200,48 @@ async def test_the_old_master_cuts_the_tail_only_it_held_and_follows_the_new_one
     history = EpochHistory(a.proc.data_dir / "meta").load().entries
     assert history == EpochHistory(b.proc.data_dir / "meta").load().entries
     assert [e for e, _ in history][-1] == elected.epoch
+
+
+@pytest.fixture
+async def with_checks(tmp_path: Path) -> AsyncIterator[Cluster]:
+    _require_etcd()
+    cfg = tmp_path / "tx.toml"
+    cfg.write_text(FAST)
+    extra = ("--segment-mib", "8", "--replication", "sync", "--config", str(cfg))
+    extra += ("--tx-secret", f"{GROUP}={SECRET}")
+    cluster = Cluster(tmp_path / "c", groups=("g1",), per_group=3, extra=extra, env=ENV)
+    await cluster.__aenter__()
+    try:
+        await cluster.create_topic(TOPIC, queues=2)
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+@pytest.fixture
+async def checks() -> AsyncIterator[CheckServer]:
+    async with check_server() as server:
+        yield server
+
+
+async def test_the_back_checks_resume_on_the_new_master(
+    with_checks: Cluster, checks: CheckServer
+) -> None:
+    """A transaction whose END_TX never comes (its producer died with the master): the new
+    master rebuilt it from the log and back-checks it, as the old one would have."""
+    cluster = with_checks
+    async with Client(cluster.url, timeout_s=10) as c:
+        tx = await c.prepare(
+            TOPIC, b"t", producer_group=GROUP, check_url=checks.url, key="checked",
+            timeout_ms=2_000,
+        )  # fmt: skip
+        checks.answers[tx.tx_id] = CheckStatus.COMMIT
+        old = await _master(cluster)
+        await cluster.kill_master("g1")  # before its first check was due
+    assert checks.checks_for(tx.tx_id) == 0
+    new = await cluster.wait_master("g1", other_than=old.broker_id)
+    async with Client(new.address, timeout_s=5) as direct:
+        got = await _keys(new.address, 1)
+        assert got == ["checked"]  # committed by the new master's back-check
+        assert (await direct.list_transactions(limit=10)).total == 0
+    assert checks.checks_for(tx.tx_id) >= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,13 @@ class CheckServer:
 
 @pytest.fixture
 async def checks() -> AsyncIterator[CheckServer]:
+    async with check_server() as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def check_server() -> AsyncIterator[CheckServer]:
+    """A check-back endpoint on a free loopback port, for as long as the block runs."""
     server = CheckServer()
     endpoint = CheckbackEndpoint(server.resolve, {GROUP: SECRET})
 
