@@ -36,6 +36,8 @@ def _of(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.lists(_of(t.item_type), max_size=SIZE_MAX)
     if isinstance(t, mi.DictType):
         return st.dictionaries(_of(t.key_type), _of(t.value_type), max_size=SIZE_MAX)
+    if isinstance(t, mi.TupleType):
+        return st.tuples(*(_of(item) for item in t.item_types))
     if isinstance(t, mi.StructType):
         fields = {f.name: _of(f.type) for f in t.fields}
         return st.builds(t.cls, **fields)
