@@ -182,8 +182,9 @@ def _cluster_flags(sv: argparse.ArgumentParser) -> None:
     cl.add_argument(
         "--role",
         choices=["auto", "master", "slave"],
-        help="master or slave as given, or auto: elected, master when it wins the group's "
-        "election (TXB_ROLE; default auto)",
+        help="master or slave as given, or auto: a slave following the group's elected master, "
+        "and master when it wins the election; takes over when the master dies (failover, "
+        "docs/cluster.md) (TXB_ROLE; default auto)",
     )
 
 

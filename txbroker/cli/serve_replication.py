@@ -13,15 +13,16 @@ __all__ = ["add_replication_flags", "replication_flags"]
 def add_replication_flags(sv: argparse.ArgumentParser) -> None:
     rp = sv.add_argument_group(
         "replication",
-        "A slave (--replica-of) follows its master's commit log and serves consumers, "
-        "read-only; a master answers writes after its own flush (--replication async) or "
-        "once --min-insync slaves flushed them too (sync). See docs/cluster.md.",
+        "A slave (--replica-of, or --role auto in a group) follows its master's commit log "
+        "and serves consumers, read-only; a master answers writes after its own flush "
+        "(--replication async) or once --min-insync slaves flushed them too (sync). See "
+        "docs/cluster.md.",
     )
     rp.add_argument(
         "--replica-of",
         metavar="URL",
-        help="run as a slave of the master at txb://host:port (TXB_REPLICA_OF); give it the "
-        "master's --segment-mib",
+        help="run as a slave of the master at txb://host:port (TXB_REPLICA_OF), with --role "
+        "slave in a group; give it the master's --segment-mib",
     )
     rp.add_argument(
         "--replication",
