@@ -193,7 +193,7 @@ async def check_tails(world: World, f: Figures) -> None:
     """After the world's checks: acknowledged sends cut with a divergent tail."""
     found, records = await asyncio.to_thread(divergent_acknowledged, world)
     if records:
-        f.notes.append(f"divergent tails cut on rejoining: {records} records")
+        f.notes.append(f"records cut from divergent tails on rejoining: {records}")
     if not found:
         return
     if f.loss_allowed:

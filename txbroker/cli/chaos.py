@@ -11,13 +11,19 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from txbroker.cli.common import Subparsers, positive, run
 from txbroker.errors import InvalidArgument
 
-__all__ = ["add_campaign_flags", "register"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from txbroker.chaos import Figures, Sizes
+
+__all__ = ["add_campaign_flags", "register", "run_from_flags"]
 
 
 def register(sub: Subparsers) -> None:
@@ -70,6 +76,41 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=_chaos)
 
 
+def run_from_flags(
+    args: argparse.Namespace,
+    scenarios: tuple[str, ...],
+    sizes: Sizes,
+    detail: Callable[[Figures], str],
+) -> list[Figures] | None:
+    """Run ``scenarios`` as the campaign flags (:func:`add_campaign_flags`) say, a progress
+    line per scenario on stderr (with ``detail``); None, said why, if it cannot run."""
+    from txbroker.chaos import CampaignOptions, run_campaign
+
+    # The clients' reconnect warnings are what the faults are for: only errors are news.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    err = Console(stderr=True)
+
+    def done(f: Figures) -> None:
+        if not args.json:
+            verdict = "clean" if f.clean else "[red]NOT CLEAN[/]"
+            err.log(f"{f.scenario}: {f.rounds} rounds, {detail(f)}, {verdict}")
+
+    opts = CampaignOptions(
+        scenarios=scenarios,
+        sizes=sizes,
+        root=Path(args.data_dir) if args.data_dir else None,
+        keep=args.keep,
+        reconcile={"auto": None, "on": True, "off": False}[args.reconcile],
+        seed=args.seed,
+        on_done=done,
+    )
+    try:
+        return run(run_campaign(opts))
+    except RuntimeError as e:
+        err.print(f"[red]cannot run:[/] {e}")
+        return None
+
+
 def add_campaign_flags(p: argparse.ArgumentParser) -> None:
     """What every campaign command takes (`chaos`, `bench failover`)."""
     p.add_argument(
@@ -85,34 +126,17 @@ def add_campaign_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from txbroker.chaos import CampaignOptions, Figures, Sizes, print_table, run_campaign
+    from txbroker.chaos import CampaignOptions, Sizes, print_table
 
-    # The clients' reconnect warnings are what the faults are for: only errors are news.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     if args.round_timeout <= 0 or args.max_seconds <= 0 or args.settle <= 0:
         raise InvalidArgument("--round-timeout, --max-seconds and --settle must be positive")
-    err = Console(stderr=True)
-
-    def done(f: Figures) -> None:
-        if not args.json:
-            verdict = "clean" if f.clean else "[red]NOT CLEAN[/]"
-            err.log(f"{f.scenario}: {f.rounds} rounds, {f.faults} faults, {verdict}")
-
-    opts = CampaignOptions(
-        scenarios=tuple(args.scenario or ()) or CampaignOptions().scenarios,
-        sizes=Sizes(
-            args.rounds, args.load, args.round_timeout, args.max_seconds, args.settle, args.disk
-        ),
-        root=Path(args.data_dir) if args.data_dir else None,
-        keep=args.keep,
-        reconcile={"auto": None, "on": True, "off": False}[args.reconcile],
-        seed=args.seed,
-        on_done=done,
+    rows = run_from_flags(
+        args,
+        tuple(args.scenario or ()) or CampaignOptions().scenarios,
+        Sizes(args.rounds, args.load, args.round_timeout, args.max_seconds, args.settle, args.disk),
+        lambda f: f"{f.faults} faults",
     )
-    try:
-        rows = run(run_campaign(opts))
-    except RuntimeError as e:
-        err.print(f"[red]cannot run:[/] {e}")
+    if rows is None:
         return 2
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
