@@ -7,6 +7,7 @@ Spark on the logs afterwards); these pin each step."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -36,35 +37,26 @@ ENV = {"TXB_INDEX_CAPACITY": "65536"}
 READ_TIMEOUT_S = 30.0
 
 
-async def _cluster(root: Path, per_group: int, replication: str) -> Cluster:
+@contextlib.asynccontextmanager
+async def _group(root: Path, per_group: int, *extra: str) -> AsyncIterator[Cluster]:
+    """Group g1 of ``per_group`` brokers (``extra`` given to each) with TOPIC created."""
     _require_etcd()
-    extra = ("--segment-mib", "8", "--replication", replication, "--tx-secret", "p=secret")
-    cluster = Cluster(root, groups=("g1",), per_group=per_group, extra=extra, env=ENV)
-    await cluster.__aenter__()
-    try:
-        await cluster.create_topic(TOPIC, queues=2)
-    except BaseException:
-        await cluster.stop()
-        raise
-    return cluster
+    flags = ("--segment-mib", "8", "--tx-secret", f"{GROUP}={SECRET}", *extra)
+    async with Cluster(root, groups=("g1",), per_group=per_group, extra=flags, env=ENV) as c:
+        await c.create_topic(TOPIC, queues=2)
+        yield c
 
 
 @pytest.fixture
 async def sync3(tmp_path: Path) -> AsyncIterator[Cluster]:
-    cluster = await _cluster(tmp_path / "c", 3, "sync")
-    try:
+    async with _group(tmp_path / "c", 3, "--replication", "sync") as cluster:
         yield cluster
-    finally:
-        await cluster.stop()
 
 
 @pytest.fixture
 async def async2(tmp_path: Path) -> AsyncIterator[Cluster]:
-    cluster = await _cluster(tmp_path / "c", 2, "async")
-    try:
+    async with _group(tmp_path / "c", 2, "--replication", "async") as cluster:
         yield cluster
-    finally:
-        await cluster.stop()
 
 
 async def _keys(url: str, at_least: int) -> list[str]:
@@ -111,7 +103,12 @@ async def test_a_slave_takes_over_every_acknowledged_write_and_open_transaction(
             await c.send(TOPIC, b"m", key=f"m{i}", idempotency_key=f"m{i}")
         txs = [
             await c.prepare(
-                TOPIC, b"t", producer_group="p", check_url=CHECK_URL, key=f"t{i}", timeout_ms=60_000
+                TOPIC,
+                b"t",
+                producer_group=GROUP,
+                check_url=CHECK_URL,
+                key=f"t{i}",
+                timeout_ms=60_000,
             )
             for i in range(3)
         ]
@@ -204,18 +201,10 @@ async def test_the_old_master_cuts_the_tail_only_it_held_and_follows_the_new_one
 
 @pytest.fixture
 async def with_checks(tmp_path: Path) -> AsyncIterator[Cluster]:
-    _require_etcd()
     cfg = tmp_path / "tx.toml"
-    cfg.write_text(FAST)
-    extra = ("--segment-mib", "8", "--replication", "sync", "--config", str(cfg))
-    extra += ("--tx-secret", f"{GROUP}={SECRET}")
-    cluster = Cluster(tmp_path / "c", groups=("g1",), per_group=3, extra=extra, env=ENV)
-    await cluster.__aenter__()
-    try:
-        await cluster.create_topic(TOPIC, queues=2)
-        yield cluster
-    finally:
-        await cluster.stop()
+    cfg.write_text(FAST)  # back-checks soon after a transaction's 2 s timeout
+    async with _group(tmp_path / "c", 3, "--replication", "sync", "--config", str(cfg)) as c:
+        yield c
 
 
 @pytest.fixture
