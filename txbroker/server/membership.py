@@ -11,7 +11,7 @@ campaigning, master once elected, a slave again (campaigning again) if it steps 
 With ``auto`` the broker's role follows the election (failover.py): Membership watches the
 election key and reports the group's master (``on_master``), campaigns only while it is the
 best candidate (:meth:`Membership.eligible`: the most recent epoch history, then the highest
-flushed offset, then the lowest id), awaits ``on_elected(epoch)`` before it says it is master,
+flushed offset, then the lowest id), awaits ``on_elected(epoch, is_leader)`` before it says it is master,
 and calls ``on_step_down()`` synchronously the moment leadership is lost.
 """
 
@@ -90,7 +90,6 @@ class Membership:
         settings: MembershipSettings,
         *,
         flushed_offset: Callable[[], int],
-        on_role: Callable[[Role], None] | None = None,
         update_interval_s: float = UPDATE_INTERVAL_S,
         log_epoch: Callable[[], int] = lambda: 0,
         on_master: Callable[[BrokerInfo | None], None] | None = None,
@@ -104,7 +103,6 @@ class Membership:
         self.role = Role.MASTER if settings.role == "master" else Role.SLAVE
         self.epoch = 0
         self._flushed_offset = flushed_offset
-        self._on_role = on_role
         self._log_epoch = log_epoch
         self._on_master = on_master
         self._on_elected = on_elected
@@ -236,11 +234,6 @@ class Membership:
             role.value,
             f" (epoch {epoch})" if epoch else "",
         )
-        if self._on_role is not None:
-            try:
-                self._on_role(role)
-            except Exception:  # the role stands, whatever the callback did
-                log.exception("on_role failed")
 
     async def _publish(self) -> None:
         if self._registration is None:

@@ -444,15 +444,13 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
         self.append_nowait = refuse  # type: ignore[method-assign, assignment]
         self.append_batch_nowait = refuse  # type: ignore[method-assign, assignment]
 
-    def unfollow(self, fence: Callable[[], None] | None = None) -> None:
+    def unfollow(self, fence: Callable[[], None]) -> None:
         """Take this store's own appends again: a slave made master (failover). ``fence`` is
         called before each append and raises to refuse it: an elected master's lease may end
         between two appends, and a process frozen past it handles what waits on its sockets
         before its timers (failover.py). Shadowed on the instance as :meth:`follow` does."""
         for name in ("append_nowait", "append_batch_nowait"):
             self.__dict__.pop(name, None)
-        if fence is None:
-            return
         one, batch = self.append_nowait, self.append_batch_nowait
 
         def append_nowait(msg: Message) -> AppendResult:
