@@ -11,8 +11,8 @@ campaigning, master once elected, a slave again (campaigning again) if it steps 
 With ``auto`` the broker's role follows the election (failover.py): Membership watches the
 election key and reports the group's master (``on_master``), campaigns only while it is the
 best candidate (:meth:`Membership.eligible`: the most recent epoch history, then the highest
-flushed offset, then the lowest id), awaits ``on_elected(epoch, is_leader)`` before it says it is master,
-and calls ``on_step_down()`` synchronously the moment leadership is lost.
+flushed offset, then the lowest id), awaits ``on_elected(epoch, is_leader)`` before it says it
+is master, and calls ``on_step_down()`` synchronously the moment leadership is lost.
 """
 
 from __future__ import annotations
