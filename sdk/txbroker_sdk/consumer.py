@@ -11,8 +11,10 @@ once) and never skips an unacknowledged message.
 
 Given a :class:`~txbroker_sdk.cluster.ClusterClient` (NameServers), the consumer is one
 consumer per broker group holding the topic's queues, each on that group's master, pulled
-together: ``fetch`` answers with whichever has messages first. A group added to the topic's
-route is joined when the route is next looked at (every ``ROUTE_CHECK_S``).
+together: ``fetch`` answers with whichever has messages first. The route is looked at every
+``ROUTE_CHECK_S`` and after a group's pull fails: a group added is joined, and a group whose
+master changed is joined afresh at the new master, from the offsets committed there (never
+from positions read at the old one, whose queue offsets may hold other records there).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from txbroker.errors import StaleGeneration, TxbError
 from txbroker.protocol.frames import Opcode
@@ -40,13 +42,22 @@ from txbroker.protocol.messages import (
 )
 from txbroker_sdk.client import Client
 
+if TYPE_CHECKING:
+    from txbroker_sdk.cluster import ClusterClient, Route
+
 __all__ = ["ConsumedMessage", "Consumer"]
 
 # A third of the broker's default 10 s session timeout, so two heartbeats may be lost in a row.
 HEARTBEAT_INTERVAL_S: Final = 3.0
 COMMIT_INTERVAL_S: Final = 1.0
-# Over broker groups: how often the topic's route is looked at for groups to join.
+# Over broker groups: how often the topic's route is looked at for groups to join and masters
+# that moved (a failed pull has it looked at at once).
 ROUTE_CHECK_S: Final = 5.0
+# A consumer left at a group's old master: how long its last pull and its goodbye may take.
+RETIRE_TIMEOUT_S: Final = 5.0
+# A fetch over broker groups none of which has a master now waits this long (at most) for
+# an election before it answers with nothing.
+NO_MASTER_WAIT_S: Final = 1.0
 
 
 class ConsumedMessage:
@@ -125,8 +136,16 @@ class Consumer:
         self._retry: Consumer | None = None
         self._with_retries = with_retries
         self._pulls: dict[Consumer, asyncio.Task[list[ConsumedMessage]]] = {}
-        # Over broker groups (a ClusterClient): one consumer per group, by group name.
+        # Over broker groups (a ClusterClient): one consumer per group, by group name, and the
+        # master address each one consumes at.
         self._parts: dict[str, Consumer] | None = None
+        self._masters: dict[str, str] = {}
+        self._reroute = False  # a group's pull failed: look at the route before the next
+        self._carried: list[ConsumedMessage] = []  # read by a consumer left at an old master
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._routing = asyncio.Lock()  # one look at the route at a time: one consumer a group
+        # A source's failure that came with another's messages: raised by the next fetch.
+        self._failure: BaseException | None = None
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -140,8 +159,8 @@ class Consumer:
 
         if isinstance(self._client, ClusterClient):
             self._parts = {}
-            await self._join_groups()
-            self._tasks = [asyncio.create_task(self._every(ROUTE_CHECK_S, self._join_groups))]
+            await self._follow_route()
+            self._tasks = [asyncio.create_task(self._every(ROUTE_CHECK_S, self._follow_route))]
             return
         await self._heartbeat()
         if self._with_retries and not self.topic.startswith("%"):
@@ -161,17 +180,24 @@ class Consumer:
             asyncio.create_task(self._every(COMMIT_INTERVAL_S, self._commit_own)),
         ]
 
-    async def _join_groups(self) -> None:
-        """Start a consumer on each group of the topic's route not joined yet."""
+    async def _follow_route(self, *, refresh: bool = False) -> None:
+        """Consume at each group's master in the topic's route: join a group not joined yet,
+        and join afresh a group whose master is another broker now (a failover). A group with
+        no master at the moment keeps its consumer, whose pulls fail until one is elected."""
         from txbroker_sdk.cluster import ClusterClient
 
-        assert isinstance(self._client, ClusterClient) and self._parts is not None
-        route = await self._client.route(self.topic)
+        client = self._client
+        assert isinstance(client, ClusterClient)
+        async with self._routing:
+            await self._follow_groups(client, await client.route(self.topic, refresh=refresh))
+
+    async def _follow_groups(self, client: ClusterClient, route: Route) -> None:
+        assert self._parts is not None
         for g in route.groups:
-            if g.group in self._parts or g.master is None:
+            if g.master is None or self._masters.get(g.group) == g.master:
                 continue
             part = Consumer(
-                self._client.broker(g.master),
+                client.broker(g.master),
                 self.group,
                 self.topic,
                 member_id=self.member_id,
@@ -183,7 +209,34 @@ class Consumer:
                 with_retries=self._with_retries,
             )
             await part.start()
+            old = self._parts.get(g.group)
             self._parts[g.group] = part
+            self._masters[g.group] = g.master
+            if old is not None:
+                self._retire(old)
+
+    def _retire(self, part: Consumer) -> None:
+        """Leave ``part`` (at a group's old master): what its last pull brings is still handed
+        out, then it closes. What it delivered and was not committed there comes again from
+        the new master (at least once; an inbox drops the repeat)."""
+        pull = self._pulls.pop(part, None)
+
+        async def retire() -> None:
+            try:
+                if pull is not None:
+                    done, _ = await asyncio.wait((pull,), timeout=RETIRE_TIMEOUT_S)
+                    if pull in done and not pull.cancelled() and pull.exception() is None:
+                        self._carried.extend(pull.result())
+                    else:
+                        pull.cancel()
+                async with asyncio.timeout(RETIRE_TIMEOUT_S):
+                    await part.close()
+            except (TxbError, TimeoutError):
+                pass  # the old master is gone or refuses: nothing of it is needed any more
+
+        task = asyncio.create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def close(self) -> None:
         if self._closed:
@@ -193,7 +246,7 @@ class Consumer:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._pulls.values(), return_exceptions=True)
         if self._parts is not None:
-            await asyncio.gather(*(p.close() for p in self._parts.values()))
+            await asyncio.gather(*(p.close() for p in self._parts.values()), *self._retiring)
             return
         if self._retry is not None:
             await self._retry.close()
@@ -239,21 +292,49 @@ class Consumer:
         from whichever group has some first."""
         if self._retry is None and self._parts is None:
             return await self._fetch_own(timeout_ms)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if self._reroute:
+            self._reroute = False
+            await self._follow_route(refresh=True)
         hold_ms = self._hold_ms if timeout_ms is None else timeout_ms
         deadline = time.monotonic() + hold_ms / 1000
         while True:
+            out, self._carried = self._carried, []
             left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
             sources = list(self._parts.values()) if self._parts is not None else [self, self._retry]
             for source in sources:
                 if source is not None and source not in self._pulls:
                     fetch = source._fetch_own if source is self else source.fetch
                     self._pulls[source] = asyncio.create_task(fetch(left_ms))
-            done, _ = await asyncio.wait(self._pulls.values(), return_when=asyncio.FIRST_COMPLETED)
-            out: list[ConsumedMessage] = []
+            if not self._pulls and not out:
+                # No group of the route has a master now: the route is looked at again soon.
+                await asyncio.sleep(min(left_ms / 1000, NO_MASTER_WAIT_S))
+                return []
+            if not out:
+                await asyncio.wait(self._pulls.values(), return_when=asyncio.FIRST_COMPLETED)
+            # Every finished pull is taken, not only the one that ended the wait: its messages
+            # are outstanding (they hold back their queue's commit) and must be handed out.
+            failures: list[BaseException] = []
             for source, task in list(self._pulls.items()):
-                if task in done:
-                    del self._pulls[source]
+                if not task.done():
+                    continue
+                del self._pulls[source]
+                if task.cancelled():
+                    continue
+                error = task.exception()
+                if error is None:
                     out.extend(task.result())
+                    continue
+                failures.append(error)
+                if self._parts is not None:
+                    self._reroute = True  # its master may have moved
+            if failures:
+                if not out:
+                    raise failures[0]
+                self._failure = failures[0]  # the messages first; the failure is not lost
+                return out
             # An empty answer from one source must not end the wait for the other.
             if out or time.monotonic() >= deadline:
                 return out

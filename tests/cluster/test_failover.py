@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import _require_etcd
+from tests.cluster.logs import wait_keys
 from tests.tx.conftest import FAST, GROUP, SECRET, CheckServer, check_server
 from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
@@ -60,7 +61,7 @@ async def async2(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 async def _keys(url: str, at_least: int) -> list[str]:
-    """The keys of every message of TOPIC at the broker ``url`` (a slave serves reads): read
+    """The keys of every message of TOPIC at the master ``url``: read
     until ``at_least`` came and a fetch finds no more (bounded), by a group of its own."""
     group = uuid.uuid4().hex
     async with Client(url, timeout_s=5) as c, Consumer(c, group, TOPIC, hold_ms=200) as cons:
@@ -158,7 +159,7 @@ async def test_the_old_master_cuts_the_tail_only_it_held_and_follows_the_new_one
     async with Client(a.proc.url, timeout_s=5) as c:
         for i in range(10):
             await c.send(TOPIC, b"x", key=f"both{i}")
-    assert len(await _keys(b.proc.url, 10)) == 10  # the slave holds them
+    assert len(await wait_keys(b.proc.data_dir, TOPIC, 10)) == 10  # the slave holds them
     assert b.proc.proc is not None
     os.kill(b.proc.proc.pid, signal.SIGSTOP)  # the slave falls behind...
     try:
@@ -193,7 +194,7 @@ async def test_the_old_master_cuts_the_tail_only_it_held_and_follows_the_new_one
     only_a = {f"only-a{i}" for i in range(5)}
     assert cut and set(cut) == only_a - set(on_b), (cut, on_b)
     assert set(on_b) - only_a == {f"both{i}" for i in range(10)} | {f"after{i}" for i in range(5)}
-    assert sorted(await _keys(a.proc.url, len(on_b))) == on_b  # its log is b's now
+    assert sorted(await wait_keys(a.proc.data_dir, TOPIC, len(on_b))) == on_b  # b's log now
     history = EpochHistory(a.proc.data_dir / "meta").load().entries
     assert history == EpochHistory(b.proc.data_dir / "meta").load().entries
     assert [e for e, _ in history][-1] == elected.epoch

@@ -72,12 +72,13 @@ async def test_notifier_wakes_waiters_and_times_out() -> None:
     assert await n.wait([("t", 3)], 0.01) is False
 
 
-def test_a_slave_keeps_its_masters_offsets_within_its_own_queues(tmp_path: Path) -> None:
-    """Copied offsets (replication): never past the slave's queue end (entries it has not
-    copied yet may never be the group's, and a failover writes others there), never moving
-    one of its own back, only for topics it has."""
+def test_a_slave_takes_its_masters_offsets_within_its_own_queues(tmp_path: Path) -> None:
+    """Copied offsets (replication) are the master's, backwards too (one the slave kept from a
+    term of its own as master may lie past records its log no longer holds the same way),
+    never past the slave's queue end (entries it has not copied yet may never be the group's,
+    and a failover writes others there), only for topics it has."""
     gc = GroupCoordinator(tmp_path)
-    gc.commit("billing", "orders", 1, 7)  # a consumer read from the slave meanwhile
+    gc.commit("billing", "orders", 1, 7)  # from its own term as master
     ends = {("orders", 0): 10, ("orders", 1): 10}
     gc.adopt_offsets(
         {"billing": {"orders": {0: 12, 1: 5}, "gone": {0: 3}}},
@@ -85,6 +86,16 @@ def test_a_slave_keeps_its_masters_offsets_within_its_own_queues(tmp_path: Path)
         queue_end=lambda t, q: ends[(t, q)],
     )
     assert gc.committed("billing", "orders", 0) == 10  # clamped to the queue's end
-    assert gc.committed("billing", "orders", 1) == 7  # its own, further on, kept
+    assert gc.committed("billing", "orders", 1) == 5  # the master's, behind its own
     assert gc.groups() == [("billing", "orders")]
-    assert gc.all_offsets() == {"billing": {"orders": {0: 10, 1: 7}}}
+    assert gc.all_offsets() == {"billing": {"orders": {0: 10, 1: 5}}}
+
+
+def test_offsets_past_a_cut_queue_end_come_back_to_it(tmp_path: Path) -> None:
+    """After a tail was cut from the log (a divergent tail, a torn write), no committed offset
+    lies past its queue's end: the entries a later master writes there are the group's."""
+    gc = GroupCoordinator(tmp_path)
+    gc.commit("billing", "orders", 0, 12)
+    gc.commit("billing", "orders", 1, 4)
+    gc.clamp_offsets(lambda t, q: {0: 11, 1: 9}[q])
+    assert gc.all_offsets() == {"billing": {"orders": {0: 11, 1: 4}}}

@@ -356,6 +356,9 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     # With ``with_offsets``: every consumer group's committed offsets, owner -> topic -> queue
     # -> offset, for the slave to keep (a consumer moving to it after a failover resumes).
     offsets: dict[str, dict[str, dict[int, int]]] | None = None
+    # The master's log is flushed on enough slaves below this (its consumers read below it): a
+    # slave elected later lets its consumers read that far at once, the rest once copied.
+    master_covered: int = 0
 
 
 class RouteRequest(msgspec.Struct, frozen=True):

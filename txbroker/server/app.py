@@ -136,6 +136,8 @@ class BrokerServer:
         self.topics.adopt_fences(self.store.fences.as_dict())  # as recovery left them
         self.groups.load()
         self.groups.prune(self.topics.exists)
+        store = self.store
+        self.groups.clamp_offsets(lambda t, q: store.queue_range(t, q)[1])
         notifier = self._notifier = Notifier()
         self.scheduler = DelayScheduler(
             self.store, self.topics, cfg.data_dir / "meta", notifier.notify

@@ -49,6 +49,7 @@ from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.epochs import EpochHistory
 from txbroker.server.replication import (
+    GROUP_MEMBERSHIP,
     WRITES,
     ReplicationSettings,
     ReplicaTracker,
@@ -65,6 +66,8 @@ __all__ = ["DIVERGENT_DIR", "Failover", "FailoverState", "MasterDuties"]
 log = logging.getLogger(__name__)
 
 DIVERGENT_DIR: Final = "divergent"
+# Served by the group's master only: writes, its slaves' fetches, and consumer groups.
+_MASTER_ONLY: Final = (*WRITES, *GROUP_MEMBERSHIP, Opcode.REPL_FETCH)
 _COPY_BYTES: Final = 4 << 20
 
 
@@ -116,7 +119,7 @@ class MasterDuties:
         self._offsets = offsets
         # The master's handlers, put back on promotion (the connections share these dicts).
         self._writes: dict[int, Handler] = {
-            op: handlers[op] for op in (*WRITES, Opcode.REPL_FETCH) if op in handlers
+            op: handlers[op] for op in _MASTER_ONLY if op in handlers
         }
         self._direct_writes: dict[int, DirectHandler] = {
             op: direct[op] for op in WRITES if op in direct
@@ -139,21 +142,27 @@ class MasterDuties:
                 )
             )
 
-        where = f"send writes to {master}" if master else "ask the NameServer for the master"
+        where = f"its master is {master}" if master else "ask the NameServer for the master"
         refusal = f"this broker is not its group's master now ({why}): {where}"
 
         async def refuse(_: object) -> None:
             raise NotMaster(refusal)
 
-        for op in (*WRITES, Opcode.REPL_FETCH):
+        for op in _MASTER_ONLY:
             self._handlers[op] = refuse
             self._direct.pop(op, None)
 
     async def take(
-        self, epoch: int, is_leader: Callable[[], bool], on_lapsed: Callable[[], None]
+        self,
+        epoch: int,
+        is_leader: Callable[[], bool],
+        on_lapsed: Callable[[], None],
+        covered: int = 0,
     ) -> None:
         """Become master of ``epoch``. Every append first asks ``is_leader()`` (the lease
-        still surely alive); if not, ``on_lapsed()`` steps down and the append is refused."""
+        still surely alive); if not, ``on_lapsed()`` steps down and the append is refused.
+        ``covered``: the log below it is on enough slaves (as the last master said); its
+        consumers read beyond it only once this term's slaves hold it."""
         store = self.store
         await store.committer.wait_durable()  # what the last fetch wrote, before the epoch
         self.epochs.begin(epoch, store.write_offset)
@@ -172,7 +181,10 @@ class MasterDuties:
             store,
             self._replication.min_insync,
             self._replication.timeout_ms / 1000,
-            covered=store.write_offset,  # this term's history begins with all it holds
+            # What the last master said its slaves held: readable at once. The rest of the log
+            # may be on this broker alone; a consumer acting on it before a slave holds it
+            # could act on a record the next failover takes back.
+            covered=min(covered, store.write_offset),
         )
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
@@ -226,6 +238,7 @@ class Failover:
         self.state = FailoverState.WAITING
         self.master: str | None = None  # the address followed
         self.replicator: Replicator | None = None
+        self.heard_covered = 0  # the last master's covered offset, as its last answer said
         self._lock = asyncio.Lock()  # one switch at a time, in the order asked
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -279,7 +292,7 @@ class Failover:
             await self._stop_replicator()
             self.master = None
             try:
-                await self.duties.take(epoch, is_leader, self.step_down)
+                await self.duties.take(epoch, is_leader, self.step_down, self.heard_covered)
             except BaseException:
                 self.duties.refuse("taking over failed")
                 await self.duties.drop()
@@ -315,6 +328,8 @@ class Failover:
         r, self.replicator = self.replicator, None
         if r is not None:
             await r.stop()
+            if r.fetches:
+                self.heard_covered = r.master_covered
 
     async def stop(self) -> None:
         await self._stop_replicator()

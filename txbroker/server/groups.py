@@ -178,19 +178,28 @@ class GroupCoordinator:
         exists: Callable[[str], bool],
         queue_end: Callable[[str, int], int],
     ) -> None:
-        """A slave keeps its master's committed offsets (topics it has), never moving one of
-        its own back (a consumer that read from the slave meanwhile keeps its progress), nor
-        past the end of its own queue: entries the master has and the slave not yet may never
-        be the group's (a failover before they are copied), and the entries written there
-        instead must not be skipped."""
+        """A slave takes its master's committed offsets (topics it has) as they are, backwards
+        too: a group's offsets are its master's (a slave refuses commits), and one the slave
+        kept from a term of its own as master may lie past records its log no longer holds
+        the same way. Never past the end of its own queue: entries the master has and the
+        slave not yet may never be the group's (a failover before they are copied), and the
+        entries written there instead must not be skipped."""
         for owner, topics in offsets.items():
             for topic, queues in topics.items():
                 if not exists(topic):
                     continue
                 for qid, off in queues.items():
-                    off = min(off, queue_end(topic, qid))
-                    if off >= 0 and off > (self.committed(owner, topic, qid) or -1):
-                        self.commit(owner, topic, qid, off)
+                    self.commit(owner, topic, qid, max(min(off, queue_end(topic, qid)), 0))
+
+    def clamp_offsets(self, queue_end: Callable[[str, int], int]) -> None:
+        """No committed offset past its queue's end: after a tail was cut from the log, the
+        entries a later master writes there are the group's to read."""
+        for owner, topics in self._offsets.items():
+            for topic, queues in topics.items():
+                for qid, off in queues.items():
+                    end = queue_end(topic, qid)
+                    if off > end:
+                        self.commit(owner, topic, qid, end)
 
     def drop_topic(self, topic: str) -> None:
         """A deleted topic: forget every group's offsets in it, and end its memberships with a

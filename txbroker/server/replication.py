@@ -33,6 +33,7 @@ from txbroker.server.epochs import EpochHistory
 from txbroker.store import MessageStore
 
 __all__ = [
+    "GROUP_MEMBERSHIP",
     "MAX_FETCH_BYTES",
     "ReplicaTracker",
     "ReplicationSettings",
@@ -48,19 +49,24 @@ MAX_FETCH_BYTES: Final = 8 << 20
 # A fetch with nothing new is held at most this long: bounded like a consumer's long poll, short
 # enough that a slave's report of its flushed offset is never older than this when idle.
 MAX_FETCH_WAIT_MS: Final = 30_000
-# Requests a slave refuses: every one that writes the log (or topics, whose registry a slave
-# takes from its master). Reads, pulls and acks (offsets are the slave's own) are served.
+# Requests a slave refuses: every one that writes the log, topics (whose registry a slave takes
+# from its master) or a group's committed offsets (a slave holds its master's, copied).
 WRITES: Final = (
     Opcode.SEND,
     Opcode.SEND_BATCH,
     Opcode.TX_PREPARE,
     Opcode.TX_END,
     Opcode.TX_RESOLVE,
+    Opcode.ACK,
     Opcode.NACK,
     Opcode.DLQ_REDRIVE,
     Opcode.TOPIC_CREATE,
     Opcode.TOPIC_DELETE,
 )
+# What else a broker of an elected group serves only as master: a consumer group lives on its
+# group's master. A slave there may still hold a tail no later master has (it learns so only
+# when it next fetches), and a position read on it could pass records the master writes there.
+GROUP_MEMBERSHIP: Final = (Opcode.HEARTBEAT, Opcode.PULL, Opcode.LEAVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +294,7 @@ def fetch_handler(
             store.flushed_offset,
             list(history),
             offsets=offsets() if req.with_offsets and offsets is not None else None,
+            master_covered=tracker.covered,
         )
 
     return repl_fetch
@@ -299,7 +306,9 @@ def refuse_writes(
     """A slave: every request in ``WRITES`` is answered ``NOT_MASTER`` naming the master."""
 
     async def refuse(_: object) -> None:
-        raise NotMaster(f"this broker is a slave of {master}: send writes to the master")
+        raise NotMaster(
+            f"this broker is a slave of {master}: writes and offset commits go to the master"
+        )
 
     for op in WRITES:
         handlers[op] = refuse

@@ -150,6 +150,7 @@ class Replicator:
         self._on_offsets = on_offsets
         self._task: asyncio.Task[None] | None = None
         self.master_flushed = 0  # as of the last answer (lag = this - the local flushed offset)
+        self.master_covered = 0  # as of the last answer: on enough slaves below this
         self.connected = False
         self.fetches = 0
         self.last_error: str | None = None
@@ -225,6 +226,7 @@ class Replicator:
                 )
                 self.fetches += 1
                 self.master_flushed = resp.master_flushed
+                self.master_covered = resp.master_covered
                 if resp.truncate_to >= 0:
                     raise _Diverged(resp.truncate_to, resp.epochs)
                 if self._epochs is not None and resp.epochs:
