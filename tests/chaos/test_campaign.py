@@ -37,7 +37,7 @@ async def _run(
         if IN_CI and not ci_may_skip:
             pytest.fail(f"{scenario} must run under CI=true: {skipped[0]}")
         pytest.skip(skipped[0])
-    assert row.clean, row.as_dict()
+    assert row.clean, row.explain()
     assert row.rounds == sizes.rounds and row.faults >= sizes.rounds, row.as_dict()
     assert row.acknowledged >= sizes.rounds * sizes.load // 4, row.as_dict()
     return row

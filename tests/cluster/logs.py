@@ -9,35 +9,19 @@ from pathlib import Path
 from typing import Final
 
 from txbroker.store import PROP_KEYS
-from txbroker.store.record import StoredMessage, check_record, decode_record
+from txbroker.store.commitlog import read_log_files
 
-__all__ = ["keys_in_log", "log_records", "wait_keys"]
+__all__ = ["keys_in_log", "wait_keys"]
 
 READ_TIMEOUT_S: Final = 30.0
 POLL_S: Final = 0.1  # a slave's log grows on its own schedule: looked at again this often
-
-
-def log_records(data_dir: Path) -> list[StoredMessage]:
-    """Every record of the broker's log, segment after segment, each read up to its first
-    position that holds no whole valid record (the end-of-segment filler, the zeros after the
-    data, or the record a running broker is writing now)."""
-    out: list[StoredMessage] = []
-    folder = data_dir / "store" / "commitlog"
-    for seg in sorted(p for p in folder.iterdir() if p.name.isdigit()):
-        data = seg.read_bytes()
-        pos = 0
-        while check_record(data, pos) is None:
-            rec = decode_record(data, pos)
-            out.append(rec)
-            pos += rec.size
-    return out
 
 
 def keys_in_log(data_dir: Path, topic: str) -> list[str]:
     """The keys of ``topic``'s messages in the broker's log, in log order."""
     return [
         k
-        for rec in log_records(data_dir)
+        for rec in read_log_files(data_dir / "store" / "commitlog")
         if rec.topic == topic
         for k in rec.properties.get(PROP_KEYS, "").split()
     ]

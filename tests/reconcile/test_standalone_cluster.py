@@ -253,7 +253,7 @@ def test_after_the_failover_campaign_two_groups_reconcile_clean_on_the_cluster(
         if IN_CI:
             pytest.fail(f"master-failover must run under CI=true: {skipped[0]}")
         pytest.skip(skipped[0])
-    assert row.clean, row.as_dict()
+    assert row.clean, row.explain()
     assert row.rounds == sizes.rounds and row.acknowledged >= sizes.rounds * sizes.load // 4
     # Elected once the dead master's 3 s lease ended, serving once the third broker follows:
     # about 3 s here; the bound only catches a failover that waits for something else (a

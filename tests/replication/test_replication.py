@@ -10,6 +10,8 @@ import pytest
 
 from tests.replication.conftest import Brokers
 from txbroker.errors import NotMaster, ReplicationTimeout
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import AckRequest
 from txbroker.store import KeyKind, MessageStore, StoreConfig
 from txbroker_sdk import Client, Consumer
 
@@ -52,10 +54,13 @@ async def test_slave_log_is_byte_identical_and_consumable(brokers: Brokers) -> N
         for i in range(N):
             await c.send("orders", _body(i), key=f"k{i}")
     await _consume_all(slave.url, "orders", {_body(i) for i in range(N)})
-    # Writes are the master's: the slave refuses them, naming it.
+    # Writes are the master's, and so are a group's committed offsets (a slave holds copies
+    # of the master's): the slave refuses them, naming it.
     async with await Client.connect(slave.url) as c:
         with pytest.raises(NotMaster, match=master.url):
             await c.send("orders", b"not here")
+        with pytest.raises(NotMaster, match=master.url):
+            await c.request(Opcode.ACK, AckRequest("audit", "orders", "m", 1, []))
     assert slave.stop() == 0
     assert master.stop() == 0
     mine, theirs = _segments(master.data_dir), _segments(slave.data_dir)

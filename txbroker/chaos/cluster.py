@@ -111,6 +111,8 @@ class Cluster:
         self._extra = extra
         self._env = env or {}
         self.nameserver: NameServerProcess | None = None
+        # Every master seen registered: (group, epoch) -> broker id (who stored what).
+        self.terms: dict[tuple[str, int], str] = {}
 
     @property
     def url(self) -> str:
@@ -197,7 +199,13 @@ class Cluster:
     async def wait_brokers(
         self, check: Callable[[dict[str, BrokerInfo]], bool], timeout_s: float = 30.0
     ) -> dict[str, BrokerInfo]:
-        return await wait_for_brokers(self.etcd.url, check, timeout_s)
+        def seen(brokers: dict[str, BrokerInfo]) -> bool:
+            for b in brokers.values():
+                if b.role is Role.MASTER and b.epoch:
+                    self.terms.setdefault((b.group, b.epoch), b.broker_id)
+            return check(brokers)
+
+        return await wait_for_brokers(self.etcd.url, seen, timeout_s)
 
     async def masters(self) -> dict[str, BrokerInfo]:
         return dict(choose_masters((await self.wait_brokers(lambda _: True)).values()))

@@ -46,5 +46,5 @@ async def postgres_restart(world: World, sizes: Sizes, f: Figures) -> None:
         if out_of_time(started, sizes, f) or not await load_round(world, sizes, f):
             break
         await asyncio.to_thread(pg.restart, "immediate" if r % 2 == 0 else "fast")
-        f.faults += 1
+        f.struck()
         f.rounds += 1

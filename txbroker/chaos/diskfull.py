@@ -144,7 +144,7 @@ async def disk_full(world: World, sizes: Sizes, f: Figures) -> None:
             f.anomalies += 1
             await world.start_broker()
         elif felt:
-            f.faults += 1
+            f.struck()
         else:
             f.notes.append(f"round {r + 1}: no STORE_FAILED within {sizes.round_timeout_s:.0f} s")
         f.rounds += 1

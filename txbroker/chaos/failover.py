@@ -116,7 +116,7 @@ async def master_failover(world: World, sizes: Sizes, f: Figures) -> None:
         deadline = time.monotonic() + sizes.round_timeout_s
         killed_at = time.monotonic()
         killed = await cluster.kill_master(group)
-        f.faults += 1
+        f.struck()
         elected = await cluster.wait_master(
             group, other_than=killed.broker_id, timeout_s=sizes.round_timeout_s
         )

@@ -6,6 +6,7 @@ no anomaly; the campaign exits 0 only when every scenario it ran is clean.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +43,17 @@ class Figures:
     loss_allowed: bool = False
     # A cluster's scenario: each group's commit log as settled (its master's data directory).
     logs: dict[str, str] = field(default_factory=dict)
+    # When each fault struck (wall clock, ms): a message's store time tells its round.
+    fault_ms: list[int] = field(default_factory=list)
+    # A line per lost or twice-applied effect: where its message is and where its consumer
+    # group's offsets stand (txbroker/chaos/diagnosis.py).
+    findings: list[str] = field(default_factory=list)
+
+    def struck(self, n: int = 1) -> None:
+        """``n`` faults struck now."""
+        self.faults += n
+        if n:
+            self.fault_ms.append(int(time.time() * 1000))
 
     @property
     def clean(self) -> bool:
@@ -50,6 +62,15 @@ class Figures:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "clean": self.clean}
+
+    def explain(self) -> str:
+        """The row, its notes and findings, a line each (what a failed test prints)."""
+        head = (
+            f"{self.scenario}: {self.rounds} rounds, {self.faults} faults, {self.acknowledged} "
+            f"acknowledged, {self.lost} lost, {self.duplicated} duplicated, {self.anomalies} "
+            f"anomalies, Spark {self.reconciled}"
+        )
+        return "\n".join([head, *self.notes, *self.findings])
 
 
 def table(rows: list[Figures], title: str = "fault campaign") -> Table:
@@ -82,3 +103,5 @@ def print_table(rows: list[Figures], console: Console | None = None) -> None:
     for r in rows:
         for note in r.notes:
             console.print(f"[dim]{r.scenario}:[/] {note}")
+        for finding in r.findings:
+            console.print(f"[red]{r.scenario}:[/] {finding}", highlight=False)

@@ -54,10 +54,10 @@ async def network_faults(world: World, sizes: Sizes, f: Figures) -> None:
                 progressed = await load_round(world, sizes, f)
             finally:
                 proxy.latency_s = 0.0
-            f.faults += 1
+            f.struck()
         else:
             progressed = await load_round(world, sizes, f)
-            f.faults += proxy.reset() if kind == "reset" else proxy.truncate()
+            f.struck(proxy.reset() if kind == "reset" else proxy.truncate())
         if not progressed:
             break
         f.rounds += 1

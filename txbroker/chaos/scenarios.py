@@ -102,7 +102,7 @@ async def broker_kill(world: World, sizes: Sizes, f: Figures) -> None:
         if out_of_time(started, sizes, f) or not await load_round(world, sizes, f):
             break
         await asyncio.to_thread(world.broker.kill)
-        f.faults += 1
+        f.struck()
         await world.start_broker()
         f.rounds += 1
 
@@ -129,7 +129,7 @@ async def service_kill(world: World, sizes: Sizes, f: Figures) -> None:
             await victim.kill()
         elif code != -signal.SIGKILL:
             f.notes.append(f"round {r + 1}: {role} exited with {code} instead of dying at {point}")
-        f.faults += 1
+        f.struck()
         await _start(world, victim, "")
         f.rounds += 1
 
@@ -149,7 +149,7 @@ async def broker_stop(world: World, sizes: Sizes, f: Figures) -> None:
         proc = world.broker.proc
         assert proc is not None
         proc.send_signal(signal.SIGSTOP)
-        f.faults += 1
+        f.struck()
         try:
             # The fault is the time the broker stands still: a hold, not a synchronisation.
             await asyncio.sleep(world.rng.uniform(*STOP_HOLD_S))

@@ -23,7 +23,9 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from txbroker.chaos import diagnosis
 from txbroker.chaos.cluster import Cluster
+from txbroker.chaos.diagnosis import Broker
 from txbroker.chaos.figures import Figures
 from txbroker.chaos.pgserver import PrivatePostgres
 from txbroker.chaos.procs import Child, Progress, free_port
@@ -320,6 +322,32 @@ class World:
         masters = await cluster.masters()
         return {g: cluster.member(b.broker_id).proc.data_dir for g, b in masters.items()}
 
+    async def _diagnose(self, lost: set[str], twice: set[str], f: Figures) -> list[str]:
+        """A line per lost or twice-applied effect, from the logs as settled."""
+        cluster = self.spec.cluster
+        if cluster is None:
+            logs = {"": self.data_dir}
+            brokers = [Broker("broker", "", self.data_dir)]
+            masters = {"": "broker"}
+            terms: dict[tuple[str, int], str] = {}
+        else:
+            infos = await cluster.masters()
+            masters = {g: b.broker_id for g, b in infos.items()}
+            logs = {g: cluster.member(b).proc.data_dir for g, b in masters.items()}
+            brokers = [Broker(m.broker_id, m.group, m.proc.data_dir) for m in cluster.members]
+            terms = cluster.terms
+        groups = {topic: group for topic, group in SUBSCRIPTIONS}
+        topics = list(groups)
+
+        def lines() -> list[str]:
+            out = []
+            for kind, refs in (("lost", lost), ("applied twice", twice)):
+                found = diagnosis.find(logs, refs, topics)
+                out += diagnosis.explain(kind, found, brokers, masters, groups, f.fault_ms, terms)
+            return out
+
+        return await asyncio.to_thread(lines)
+
     async def _open_transactions(self) -> int:
         if self.spec.cluster is not None:
             return await self.spec.cluster.open_transactions()
@@ -338,9 +366,13 @@ class World:
             rows = set((await conn.scalars(sa.select(ORDERS_TABLE.c.id))).all())
         applied = await self._applied(billing)
         expected = self.expected_refs(committed, audits)
+        lost = expected - set(applied)
+        twice = {r for r, n in applied.items() if n > 1}
         f.acknowledged += len(expected)
-        f.lost += len(expected - set(applied))
-        f.duplicated += sum(n - 1 for n in applied.values() if n > 1)
+        f.lost += len(lost)
+        f.duplicated += sum(applied[r] - 1 for r in twice)
+        if lost or twice:
+            f.findings += await self._diagnose(lost, twice, f)
         placed = self.orders.placed if self.orders is not None else set()
         problems = {
             "orders whose row and barrier disagree": len(rows ^ committed),
