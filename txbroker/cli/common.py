@@ -4,7 +4,6 @@ options every command of a kind takes."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
@@ -41,6 +40,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        import asyncio
+
         return asyncio.run(coro)
     result: T = uvloop.run(coro)
     return result

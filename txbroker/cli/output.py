@@ -16,19 +16,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
+# rich is imported where something is drawn: a command printing JSON or plain lines (send,
+# consume, any --json) starts without it.
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
 
 __all__ = [
     "Column",
@@ -50,6 +45,8 @@ PIPE_WIDTH = 4096
 
 
 def _console(*, stderr: bool) -> Console:
+    from rich.console import Console
+
     c = Console(stderr=stderr, highlight=False)
     if not c.is_terminal:
         c = Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
@@ -88,6 +85,9 @@ def print_table(
     empty: str = "nothing to show",
 ) -> None:
     """An aligned table on stdout; ``empty`` goes to stderr when there are no rows."""
+    from rich import box
+    from rich.table import Table
+
     console = out_console()
     cols = [c if isinstance(c, Column) else Column(c) for c in columns]
     framed = console.is_terminal
@@ -120,6 +120,8 @@ def print_table(
 
 def print_fields(fields: Mapping[str, object], *, title: str | None = None) -> None:
     """Name: value pairs, names right-aligned, for one thing shown in full."""
+    from rich.table import Table
+
     console = out_console()
     grid = Table.grid(padding=(0, 2))
     grid.add_column(justify="right", style="bold", no_wrap=True)
@@ -220,6 +222,15 @@ class RunProgress:
 
     def __enter__(self) -> RunProgress:
         if self.enabled and self._console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             self._bar = Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),

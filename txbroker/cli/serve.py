@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from txbroker.cli.common import Subparsers, non_negative, positive, run
 from txbroker.cli.serve_replication import add_replication_flags, replication_flags
-from txbroker.runtime.tracing import setup_tracing
 
 if TYPE_CHECKING:
     from txbroker.server.config import ServerConfig
@@ -306,6 +305,7 @@ def config_from_args(
 
 def _serve(args: argparse.Namespace) -> int:
     from txbroker.console import console_routes
+    from txbroker.runtime.tracing import setup_tracing
     from txbroker.server.app import serve
 
     logging.basicConfig(
