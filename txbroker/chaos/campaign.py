@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from txbroker.chaos.catalogue import SCENARIO_HELP
 from txbroker.chaos.dbrestart import postgres_restart, private_postgres
 from txbroker.chaos.diskfull import disk_full, small_disk
 from txbroker.chaos.failover import async_cluster, check_tails, master_failover, sync_cluster
@@ -42,11 +43,14 @@ Setting = Callable[[Path, Sizes, Figures], contextlib.AbstractAsyncContextManage
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    help: str
     run: Run
     setting: Setting | None = None  # None: SQLite databases, the broker's data in the folder
     # Checks of the scenario's own, after the world's (before the reconciliation).
     after: Callable[[World, Figures], Awaitable[None]] | None = None
+
+    @property
+    def help(self) -> str:
+        return SCENARIO_HELP[self.name]
 
 
 @contextlib.asynccontextmanager
@@ -56,50 +60,17 @@ async def _plain(root: Path, _sizes: Sizes, _f: Figures) -> AsyncIterator[WorldS
 
 def _registry() -> dict[str, Scenario]:
     scenarios = [
-        Scenario(
-            "broker-kill", "kill -9 of the broker under sends, transactions, relay", broker_kill
-        ),
-        Scenario(
-            "service-kill",
-            "kill -9 of services mid-@transactional, mid-relay, mid-subscriber",
-            service_kill,
-        ),
-        Scenario(
-            "broker-stop", "SIGSTOP of the broker past the check timeout, SIGCONT", broker_stop
-        ),
-        Scenario(
-            "network",
-            "a TCP proxy between services and broker: latency, resets, truncation",
-            network_faults,
-            proxied,
-        ),
-        Scenario(
-            "postgres-restart",
-            "the services' private PostgreSQL restarted under a subscriber and a relay",
-            postgres_restart,
-            private_postgres,
-        ),
-        Scenario(
-            "disk-full",
-            "the broker's disk (a small tmpfs) filled under load, then emptied",
-            disk_full,
-            small_disk,
-        ),
-        Scenario(
-            "master-failover",
-            "kill -9 of a group's master (2 groups of 3, sync replication) under load",
-            master_failover,
-            sync_cluster,
-            check_tails,
-        ),
-        Scenario(
-            "master-failover-async",
-            "the same with async replication: the loss window measured",
-            master_failover,
-            async_cluster,
-            check_tails,
-        ),
+        Scenario("broker-kill", broker_kill),
+        Scenario("service-kill", service_kill),
+        Scenario("broker-stop", broker_stop),
+        Scenario("network", network_faults, proxied),
+        Scenario("postgres-restart", postgres_restart, private_postgres),
+        Scenario("disk-full", disk_full, small_disk),
+        Scenario("master-failover", master_failover, sync_cluster, check_tails),
+        Scenario("master-failover-async", master_failover, async_cluster, check_tails),
     ]
+    # The catalogue is what the command line offers: the same scenarios, in the same order.
+    assert [s.name for s in scenarios] == list(SCENARIO_HELP), "catalogue.py is out of step"
     return {s.name: s for s in scenarios}
 
 

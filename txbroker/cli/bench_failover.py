@@ -1,4 +1,4 @@
-"""`txbroker bench failover`: the failover campaign at length (issue 22) and its figures.
+"""`txbroker bench failover`: the failover campaign at length and its figures.
 
 It runs the fault campaign's failover scenarios (txbroker/chaos/failover.py): two broker groups
 of three ``--role auto`` brokers, etcd and a NameServer on loopback, the orders and billing
@@ -16,8 +16,6 @@ import argparse
 import json
 import sys
 from typing import Any
-
-from rich.console import Console
 
 from txbroker.cli.chaos import add_campaign_flags, run_from_flags
 from txbroker.cli.common import positive
@@ -50,6 +48,8 @@ def register_failover(bsub: Any) -> None:
 
 
 def _failover(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from txbroker.chaos import Sizes, print_table
     from txbroker.chaos.failover import distribution, summary
 

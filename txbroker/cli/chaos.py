@@ -11,10 +11,9 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from txbroker.chaos import SCENARIO_HELP
 from txbroker.cli.common import Subparsers, positive, run
 from txbroker.errors import InvalidArgument
 
@@ -27,10 +26,7 @@ __all__ = ["add_campaign_flags", "register", "run_from_flags"]
 
 
 def register(sub: Subparsers) -> None:
-    from txbroker.chaos import SCENARIOS, Sizes
-
-    d = Sizes()
-    listing = "; ".join(f"{s.name}: {s.help}" for s in SCENARIOS.values())
+    listing = "; ".join(f"{name}: {text}" for name, text in SCENARIO_HELP.items())
     p = sub.add_parser(
         "chaos",
         help="the fault campaign: kill, stop, cut and fill under load; lost and duplicated",
@@ -45,30 +41,26 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--scenario",
         action="append",
-        choices=list(SCENARIOS),
+        choices=list(SCENARIO_HELP),
         help="run this scenario (repeat for several; default: all, in order)",
     )
-    p.add_argument("--rounds", type=positive, default=d.rounds, help="faults per scenario")
-    p.add_argument("--load", type=positive, default=d.load, help="plain sends per round")
+    # No defaults for the sizes: a flag left out leaves Sizes' own, read when the campaign runs.
+    p.add_argument("--rounds", type=positive, help="faults per scenario")
+    p.add_argument("--load", type=positive, help="plain sends per round")
     p.add_argument(
         "--round-timeout",
         type=float,
-        default=d.round_timeout_s,
         help="seconds a round may take to make progress before the scenario ends",
     )
-    p.add_argument(
-        "--max-seconds", type=float, default=d.max_s, help="seconds per scenario at most"
-    )
+    p.add_argument("--max-seconds", type=float, help="seconds per scenario at most")
     p.add_argument(
         "--settle",
         type=float,
-        default=d.settle_s,
         help="seconds for everything to settle after the rounds, before the checks",
     )
     p.add_argument(
         "--disk",
         choices=["auto", "tmpfs", "rlimit"],
-        default="auto",
         help="disk-full: a small tmpfs (root), RLIMIT_FSIZE on the broker, or auto (tmpfs when "
         "it can be mounted)",
     )
@@ -84,6 +76,8 @@ def run_from_flags(
 ) -> list[Figures] | None:
     """Run ``scenarios`` as the campaign flags (:func:`add_campaign_flags`) say, a progress
     line per scenario on stderr (with ``detail``); None, said why, if it cannot run."""
+    from rich.console import Console
+
     from txbroker.chaos import CampaignOptions, run_campaign
 
     # The clients' reconnect warnings are what the faults are for: only errors are news.
@@ -126,14 +120,25 @@ def add_campaign_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _chaos(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from txbroker.chaos import CampaignOptions, Sizes, print_table
 
-    if args.round_timeout <= 0 or args.max_seconds <= 0 or args.settle <= 0:
+    given: dict[str, Any] = {
+        "rounds": args.rounds,
+        "load": args.load,
+        "round_timeout_s": args.round_timeout,
+        "max_s": args.max_seconds,
+        "settle_s": args.settle,
+        "disk": args.disk,
+    }
+    sizes = Sizes(**{k: v for k, v in given.items() if v is not None})
+    if sizes.round_timeout_s <= 0 or sizes.max_s <= 0 or sizes.settle_s <= 0:
         raise InvalidArgument("--round-timeout, --max-seconds and --settle must be positive")
     rows = run_from_flags(
         args,
         tuple(args.scenario or ()) or CampaignOptions().scenarios,
-        Sizes(args.rounds, args.load, args.round_timeout, args.max_seconds, args.settle, args.disk),
+        sizes,
         lambda f: f"{f.faults} faults",
     )
     if rows is None:
