@@ -4,12 +4,12 @@ durability beside its figures, the ratios of txbroker's medians to each system's
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from txbroker.bench.peers import FLUSH_MODES, PEERS, WORKLOADS
 from txbroker.cli.common import non_negative, positive
 from txbroker.cli.output import Column, note, print_table
 from txbroker.errors import InvalidArgument
@@ -34,8 +34,6 @@ def _choices(allowed: tuple[str, ...]) -> Any:
 
 
 def register_peers(bsub: Any) -> None:
-    from txbroker.bench.peers import FLUSH_MODES, PEERS, WORKLOADS
-
     p = bsub.add_parser(
         "peers",
         help="the same workloads against txbroker, RabbitMQ and NATS JetStream, with ratios",
@@ -88,6 +86,8 @@ def register_peers(bsub: Any) -> None:
 
 
 def _peers(args: argparse.Namespace) -> int:
+    import asyncio
+
     from txbroker.bench.peers import PeersOptions, bench_peers
 
     if args.e2e_seconds <= 0 or args.duration <= 0:
