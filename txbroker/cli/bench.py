@@ -1,9 +1,10 @@
-"""`txbroker bench store|produce|e2e|tx|service|disk|recovery|tx-recovery|growth|reconcile|peers`:
-figures.
+"""`txbroker bench BENCH`: figures.
 
-`bench peers` (against RabbitMQ and NATS JetStream) has its options and tables in bench_peers.py.
-Each prints a summary (medians over ``--runs``), or one JSON object with ``--json``. Progress
-goes to stderr: a bar on a terminal, a line per finished run in a log, nothing with --json.
+store, produce, e2e, tx, service, disk, recovery, tx-recovery, growth, reconcile and cli are
+registered here; fuzz, peers and failover have their options and tables in bench_fuzz.py,
+bench_peers.py and bench_failover.py. Each prints a summary (medians over ``--runs``), or one
+JSON object with ``--json``. Progress goes to stderr: a bar on a terminal, a line per finished
+run in a log, nothing with --json.
 """
 
 from __future__ import annotations
@@ -205,6 +206,14 @@ def register(sub: Subparsers) -> None:
     brc.add_argument("--json", action="store_true", help="print one JSON object per size")
     brc.set_defaults(func=_reconcile)
 
+    bc = bsub.add_parser(
+        "cli", help="start-up time of `txbroker --help` and `txbroker send`, beside python -c pass"
+    )
+    bc.add_argument("--runs", type=positive, default=10, help=_RUNS_HELP)
+    bc.add_argument("--data-dir", help="where to put the broker's data (default: $TMPDIR)")
+    bc.add_argument("--json", action="store_true", help=_JSON_HELP)
+    bc.set_defaults(func=_cli)
+
     register_fuzz(bsub)
 
     register_peers(bsub)
@@ -388,4 +397,13 @@ def _recovery(args: argparse.Namespace) -> int:
     with status(f"filling a store to {args.log_mib} MiB, then kill -9 ...", enabled=not args.json):
         res = run(bench_recovery(args.log_mib * 1024 * 1024, _root(args)))
     print(json.dumps(asdict(res)) if args.json else format_recovery(res))
+    return 0
+
+
+def _cli(args: argparse.Namespace) -> int:
+    from txbroker.bench.cli_bench import bench_cli, format_cli
+
+    with RunProgress("cli bench", enabled=not args.json) as progress:
+        res = bench_cli(args.runs, _root(args), progress)
+    print(json.dumps(res.as_dict()) if args.json else format_cli(res))
     return 0
