@@ -17,7 +17,7 @@ from txbroker.errors import TxbError
 from txbroker.runtime.signals import stop_on_signals
 from txbroker.runtime.tracing import setup_tracing
 from txbroker_outbox.relay import DEFAULT_SHUTDOWN_TIMEOUT_S, Relay
-from txbroker_sdk.client import Client
+from txbroker_sdk.cluster import client_for
 from txbroker_sdk.database import async_url, create_engine
 from txbroker_sdk.preflight import require_tables
 from txbroker_sdk.tables import OUTBOX
@@ -45,8 +45,9 @@ async def relay_main(
     url = async_url(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
     engine = create_engine(url)  # SQLite: WAL and a busy timeout, beside the service
-    # Connects on first use; TLS with a txbs:// server.
-    client = Client(
+    # Connects on first use (the arguments are checked first); TLS with a txbs:// server,
+    # routed through NameServers with txbns://.
+    client = client_for(
         server, auth_token=auth_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
     )
     try:

@@ -8,6 +8,7 @@ over one :class:`~txbroker_sdk.connection.Connection`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Self, cast
 
 from txbroker.errors import TopicExists
@@ -29,9 +30,9 @@ from txbroker.protocol.messages import (
     TxPrepareResponse,
     TxResolveRequest,
 )
-from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, Connection
+from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S, Connection
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
-from txbroker_sdk.requests import Transaction, parse_server_url, prepare_request
+from txbroker_sdk.requests import Transaction, is_nameserver_url, parse_server_url, prepare_request
 
 __all__ = [
     "DEFAULT_CONNECT_DEADLINE_S",
@@ -49,18 +50,42 @@ class Client(Connection):
     """A connection to the broker (see :class:`Connection` for connecting, deadlines and
     reconnects) with the broker's requests by name.
 
-    ``Client.connect("txbns://host:port[,host:port...]")`` (or ``Client(...)``), NameServers'
-    addresses instead of a broker's, makes a :class:`~txbroker_sdk.cluster.ClusterClient`,
-    which routes each request to the broker group that holds its queue (docs/cluster.md)."""
+    For broker groups behind NameServers, ``await Client.connect("txbns://host:port,...")``
+    returns a :class:`~txbroker_sdk.cluster.ClusterClient`, which routes each request to the
+    group that holds its queue (docs/cluster.md); ``Client("txbns://...")`` is refused."""
 
-    def __new__(cls, url: str, *args: Any, **kwargs: Any) -> Self:
-        # Client("txbns://...") is a ClusterClient, so whatever makes a Client from a URL
-        # (Client.connect, the outbox relay, TxbService) takes NameServers as it is.
-        if cls is Client and url.startswith("txbns://"):
-            from txbroker_sdk.cluster import ClusterClient
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 10.0,
+        reconnect_s: float = 30.0,
+        connect_deadline_s: float = DEFAULT_CONNECT_DEADLINE_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+    ) -> Self:
+        """Connect now (see :meth:`Connection.connect`): a ``Client`` for ``txb://`` and
+        ``txbs://``, a ``ClusterClient`` for ``txbns://``, so whatever takes a broker's address
+        (the CLI's ``--server``, the outbox relay, ``TxbService``) takes NameServers as well."""
+        options: dict[str, Any] = {
+            "auth_token": auth_token,
+            "timeout_s": timeout_s,
+            "reconnect_s": reconnect_s,
+            "connect_deadline_s": connect_deadline_s,
+            "keepalive_s": keepalive_s,
+            "tls_ca": tls_ca,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+        }
+        if cls is Client and is_nameserver_url(url):
+            from txbroker_sdk.cluster import ClusterClient  # which imports this module
 
-            return cast("Self", object.__new__(ClusterClient))
-        return object.__new__(cls)
+            return cast("Self", await ClusterClient.connect(url, **options))
+        return await super().connect(url, **options)
 
     async def ping(self) -> None:
         await self.request(Opcode.PING, Empty())

@@ -3,17 +3,17 @@
     async with await Client.connect("txbns://10.0.0.1:9878,10.0.0.2:9878") as client:
         await client.send("orders", b"...", key="order-42")
 
-``Client.connect`` (and ``Client(url)``'s callers: the CLI's ``--server``, the outbox relay,
-``TxbService``) given a ``txbns://`` URL returns a :class:`ClusterClient`: a ``Client`` whose
+``Client.connect`` given a ``txbns://`` URL returns a :class:`ClusterClient` (not connected yet:
+``ClusterClient(url)``, or :func:`client_for` for either kind of URL): a ``Client`` whose
 requests are routed. A send picks the topic's queue as a single broker does (the key's CRC32C
-modulo the topic's queues over all groups, else round-robin), finds the group holding that
-queue in the topic's route, and sends to that group's master with the queue's id there; a
-prepared transaction is ended at the broker that holds it. Routes come from any NameServer
-that answers (in the URL's order, moving on when one does not), are kept for ``refresh_s``
-(30 s) and fetched again at once after a routing error: the group's broker unreachable before
-the request was sent, the topic or the queue unknown there. A request whose connection broke
-after it was sent is not sent again (it may have been stored): it fails as with one broker,
-and the route is fetched again for the next.
+modulo the topic's queues over all groups, else round-robin), finds the group holding that queue
+in the topic's route, and sends to that group's master with the queue's id there; a prepared
+transaction is ended at the broker that holds it. Routes come from any NameServer that answers
+(in the URL's order, moving on when one does not), are kept for ``refresh_s`` (30 s) and fetched
+again at once after a routing error: the group's broker unreachable before the request was sent,
+the topic or the queue unknown there. A request whose connection broke after it was sent is not
+sent again (it may have been stored): it fails as with one broker, and the route is fetched
+again for the next.
 
 A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer group
 on every group's master holding the topic's queues and pulls from all of them.
@@ -64,20 +64,12 @@ from txbroker.protocol.messages import (
 from txbroker_sdk.client import Client
 from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed
-from txbroker_sdk.requests import parse_server_url
+from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url
 
-__all__ = [
-    "NAMESERVER_SCHEME",
-    "ROUTE_REFRESH_S",
-    "ClusterClient",
-    "Route",
-    "is_nameserver_url",
-    "parse_nameserver_url",
-]
+__all__ = ["ROUTE_REFRESH_S", "ClusterClient", "Route", "client_for"]
 
 log = logging.getLogger(__name__)
 
-NAMESERVER_SCHEME: Final = "txbns://"
 # How long a route is used before it is fetched again: a route changes when an operator moves
 # queues (rare) and a master changes on failover (the send fails and the route is fetched at
 # once), so this only bounds how long a quiet change goes unnoticed.
@@ -112,24 +104,6 @@ def _global(receipt: SendReceipt, group: GroupRoute) -> SendReceipt:
     return receipt  # -1: a delayed message has no queue yet
 
 
-def is_nameserver_url(url: str) -> bool:
-    return url.startswith(NAMESERVER_SCHEME)
-
-
-def parse_nameserver_url(url: str) -> list[str]:
-    """``txbns://h1:9878,h2:9878`` to each NameServer's ``txb://`` address, in order."""
-    if not is_nameserver_url(url):
-        raise InvalidArgument(f"NameServers' addresses are txbns://host:port,..., not {url!r}")
-    parts = [p.strip() for p in url[len(NAMESERVER_SCHEME) :].split(",")]
-    if not all(parts):
-        raise InvalidArgument(f"{url!r}: an empty NameServer address")
-    addresses = []
-    for part in parts:
-        host, port = parse_server_url(f"txb://{part}")
-        addresses.append(f"txb://{host}:{port}")
-    return addresses
-
-
 @dataclass(frozen=True, slots=True)
 class Route:
     """A topic's route as a NameServer gave it, and when it was fetched."""
@@ -147,10 +121,20 @@ class Route:
         raise InvalidArgument(f"topic {self.topic!r} has no queue {queue} (0..{self.queues - 1})")
 
 
+def client_for(url: str, **options: Any) -> Client:
+    """A client for ``url`` that connects on its first request, for a program that must start
+    while the broker is away: a :class:`ClusterClient` for ``txbns://``, else a ``Client``.
+    ``options`` are ``Client``'s. (``await Client.connect(url)`` connects now.)"""
+    if is_nameserver_url(url):
+        return ClusterClient(url, **options)
+    return Client(url, **options)
+
+
 class ClusterClient(Client):
     """A :class:`Client` over broker groups, through NameServers (see the module's text).
-    Made by ``Client.connect("txbns://...")``; the options are those of ``Client`` and apply to
-    every connection it opens, plus ``refresh_s``."""
+    Made by ``Client.connect("txbns://...")``, or ``ClusterClient("txbns://...")`` to connect
+    on first use; the options are those of ``Client`` and apply to every connection it opens,
+    plus ``refresh_s``."""
 
     def __init__(
         self,
@@ -193,18 +177,14 @@ class ClusterClient(Client):
     async def _dial(self, deadline_s: float) -> None:
         """``connect()``: a NameServer answers (each tried in turn, for up to ``deadline_s``)."""
         deadline = time.monotonic() + deadline_s
-        try:
-            while True:
-                try:
-                    await self._ask(RouteRequest(""))
-                    return
-                except BrokerUnreachable:
-                    if time.monotonic() >= deadline:
-                        raise
-                await asyncio.sleep(0.1)  # a back-off between rounds, not a synchronisation
-        except BaseException:
-            await self.close()  # connect() failed: no connection is left open behind it
-            raise
+        while True:  # connect() closes this client if it fails
+            try:
+                await self._ask(RouteRequest(""))
+                return
+            except BrokerUnreachable:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)  # a back-off between rounds, not a synchronisation
 
     @property
     def connected(self) -> bool:

@@ -148,7 +148,11 @@ class Connection:
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
-        await client._dial(connect_deadline_s)
+        try:
+            await client._dial(connect_deadline_s)
+        except BaseException:
+            await client.close()  # the caller has no handle on it: nothing is left behind
+            raise
         return client
 
     async def _open(self) -> None:

@@ -1,5 +1,5 @@
-"""What a client sends, built without a connection: the broker's address parsed, a PREPARE
-request, and the handle of a prepared transaction."""
+"""What a client sends, built without a connection: the broker's (or NameServers') address
+parsed, a PREPARE request, and the handle of a prepared transaction."""
 
 from __future__ import annotations
 
@@ -15,17 +15,27 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
+    "NAMESERVER_SCHEME",
     "Transaction",
+    "is_nameserver_url",
+    "parse_nameserver_url",
     "parse_server_url",
     "prepare_request",
     "uses_tls",
 ]
 
 DEFAULT_PORT: Final = 9876
+NAMESERVER_SCHEME: Final = "txbns://"
 
 
 def parse_server_url(url: str) -> tuple[str, int]:
     """``txb://host:port``, ``txbs://host:port`` (TLS) or ``host:port`` to (host, port)."""
+    if is_nameserver_url(url):
+        raise InvalidArgument(
+            f"{url!r} names NameServers, not a broker: `await Client.connect(url)` returns the "
+            "client that routes through them (or make one not connected yet with "
+            "txbroker_sdk.cluster.ClusterClient(url))"
+        )
     parts = urlsplit(url if "://" in url else f"txb://{url}")
     if parts.scheme not in ("txb", "txbs") or not parts.hostname:
         raise InvalidArgument(
@@ -33,6 +43,24 @@ def parse_server_url(url: str) -> tuple[str, int]:
             f"txbns://host:port,... with Client.connect), not {url!r}"
         )
     return parts.hostname, parts.port or DEFAULT_PORT
+
+
+def is_nameserver_url(url: str) -> bool:
+    return url.startswith(NAMESERVER_SCHEME)
+
+
+def parse_nameserver_url(url: str) -> list[str]:
+    """``txbns://h1:9878,h2:9878`` to each NameServer's ``txb://`` address, in order."""
+    if not is_nameserver_url(url):
+        raise InvalidArgument(f"NameServers' addresses are txbns://host:port,..., not {url!r}")
+    parts = [p.strip() for p in url[len(NAMESERVER_SCHEME) :].split(",")]
+    if not all(parts):
+        raise InvalidArgument(f"{url!r}: an empty NameServer address")
+    addresses = []
+    for part in parts:
+        host, port = parse_server_url(f"txb://{part}")
+        addresses.append(f"txb://{host}:{port}")
+    return addresses
 
 
 def uses_tls(url: str) -> bool:

@@ -316,15 +316,15 @@ class TxbService:
         return engine
 
     async def _connect(self, stack: contextlib.AsyncExitStack, deadline: _Deadline) -> Client:
-        # Reconnects when dropped; TLS with a txbs:// broker URL.
         ca, cert, key = self._tls
-        client = Client(
-            self.broker, auth_token=self._auth_token, tls_ca=ca, tls_cert=cert, tls_key=key
-        )
-        stack.push_async_callback(_bounded, client.close, deadline, "closing the client")
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                await client.ping()
+                # Reconnects when dropped; TLS with txbs://, routed through NameServers with
+                # txbns:// (a ClusterClient).
+                client = await Client.connect(
+                    self.broker, auth_token=self._auth_token, tls_ca=ca, tls_cert=cert, tls_key=key
+                )
+                stack.push_async_callback(_bounded, client.close, deadline, "closing the client")
                 for topic in self._all_topics():
                     try:
                         await client.create_topic(topic, exist_ok=True)

@@ -99,7 +99,7 @@ async def test_a_slave_takes_over_every_acknowledged_write_and_open_transaction(
     sync3: Cluster,
 ) -> None:
     cluster = sync3
-    async with Client(cluster.url, timeout_s=10) as c:
+    async with await Client.connect(cluster.url, timeout_s=10) as c:
         for i in range(30):
             await c.send(TOPIC, b"m", key=f"m{i}", idempotency_key=f"m{i}")
         txs = [
@@ -220,7 +220,7 @@ async def test_the_back_checks_resume_on_the_new_master(
     """A transaction whose END_TX never comes (its producer died with the master): the new
     master rebuilt it from the log and back-checks it, as the old one would have."""
     cluster = with_checks
-    async with Client(cluster.url, timeout_s=10) as c:
+    async with await Client.connect(cluster.url, timeout_s=10) as c:
         tx = await c.prepare(
             TOPIC, b"t", producer_group=GROUP, check_url=checks.url, key="checked",
             timeout_ms=2_000,

@@ -166,7 +166,7 @@ async def test_a_master_cut_off_from_etcd_steps_down_before_its_lease_ends(
     assert set(errors) <= {"NotMaster", "ReplicationTimeout"}, errors
 
     # etcd back: a master again (any broker), found through the NameServer.
-    async with Client(cluster.url, timeout_s=5) as routed:
+    async with await Client.connect(cluster.url, timeout_s=5) as routed:
         receipt = await _send_acked(routed, "after-resume")
     served_s = time.monotonic() - resumed_at
     await cluster.wait_members(GROUP, timeout_s=ELECTION_BOUND_S)

@@ -17,7 +17,7 @@ from txbroker.cluster.routes import (
 )
 from txbroker.errors import CoordinationError, InvalidArgument
 from txbroker.server.config import ServerConfig
-from txbroker_sdk.cluster import parse_nameserver_url
+from txbroker_sdk.requests import parse_nameserver_url
 
 
 def test_queues_spread_in_blocks_the_first_groups_taking_the_remainder() -> None:

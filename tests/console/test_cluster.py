@@ -44,7 +44,7 @@ async def test_the_cluster_page_shows_the_group_its_brokers_their_lag_and_a_hung
     ) as cluster:
         await cluster.wait_members("g1")
         await cluster.create_topic("orders", queues=4)
-        async with Client(cluster.url, timeout_s=10) as c:
+        async with await Client.connect(cluster.url, timeout_s=10) as c:
             for i in range(20):
                 await c.send("orders", b'{"n": %d}' % i, key=f"o-{i}")
         master = (await cluster.masters())["g1"].broker_id

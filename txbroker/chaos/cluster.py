@@ -116,7 +116,7 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        """The NameServer's address for clients (``Client("txbns://...")``)."""
+        """The NameServer's address for clients (``await Client.connect("txbns://...")``)."""
         assert self.nameserver is not None
         return f"txbns://{self.nameserver.address}"
 

@@ -37,8 +37,9 @@ from txbroker.errors import TxbError
 from txbroker.runtime.httpserve import HttpServer
 from txbroker.runtime.signals import stop_on_signals
 from txbroker_checkback import CheckbackEndpoint
-from txbroker_sdk import Client, ConsumedMessage
+from txbroker_sdk import ConsumedMessage
 from txbroker_sdk.barrier import BarrierResolver
+from txbroker_sdk.cluster import client_for
 from txbroker_sdk.database import create_engine
 from txbroker_sdk.subscriber import Subscribers
 from txbroker_sdk.transactional import TxPublisher
@@ -92,7 +93,8 @@ async def orders(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         await create_tables(engine)
         await http.start()
-        async with Client(args.broker, timeout_s=args.timeout_s) as client:
+        # Connected on first use: a service restarted while the broker is away still starts.
+        async with client_for(args.broker, timeout_s=args.timeout_s) as client:
             sessions = async_sessionmaker(engine)
             publisher = TxPublisher(client, sessions, producer_group=GROUP, check_url=check_url)
             relay = outbox.Relay(client, engine, namespace=NAMESPACE, poll_interval_s=0.2)
@@ -138,7 +140,7 @@ async def billing(args: argparse.Namespace, stop: asyncio.Event) -> None:
     engine = create_engine(args.db)
     try:
         await create_tables(engine)
-        async with Client(args.broker, timeout_s=args.timeout_s) as client:
+        async with client_for(args.broker, timeout_s=args.timeout_s) as client:
             subs = Subscribers(client, async_sessionmaker(engine))
             for topic, group in SUBSCRIPTIONS:
 
@@ -166,7 +168,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m txbroker.chaos")
     p.add_argument("role", choices=["orders", "billing"])
     p.add_argument("--db", required=True, help="the service's database URL")
-    p.add_argument("--broker", required=True, help="txb://host:port")
+    p.add_argument("--broker", required=True, help="txb://host:port, or txbns://host:port,...")
     p.add_argument("--port", type=int, default=0, help="orders: the check-back endpoint's port")
     p.add_argument("--secret", default="", help="orders: the producer group's check secret")
     p.add_argument("--orders", type=int, default=1_000_000, help="orders: how many to place")

@@ -34,6 +34,7 @@ from txbroker.chaos.service import EFFECTS, GROUP, ORDERS_TABLE, PLAIN, SUBSCRIP
 from txbroker.errors import StoreFailed, TxbError
 from txbroker.runtime.brokerproc import BrokerProcess
 from txbroker_sdk import Client
+from txbroker_sdk.cluster import client_for
 from txbroker_sdk.database import create_engine
 from txbroker_sdk.schema import upgrade
 from txbroker_sdk.tables import LOCAL_TX, OUTBOX
@@ -206,7 +207,7 @@ class World:
         await self.progress.poke()
 
     async def _produce(self) -> None:
-        async with Client(self.service_url, timeout_s=self.spec.client_timeout_s) as c:
+        async with client_for(self.service_url, timeout_s=self.spec.client_timeout_s) as c:
             while True:
                 await self.progress.wait_for(
                     lambda: self.sent < self.quota or self._stopping, self.spec.lifetime_s
