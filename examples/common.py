@@ -8,15 +8,16 @@ import contextlib
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from txbroker_sdk import Client, Subscribers, create_engine, stop_on_signals
+from txbroker_sdk import Client, Subscribers, create_engine
 
-__all__ = ["StatsFile", "run_subscriber_service", "service_parser"]
+__all__ = ["StatsFile", "run_subscriber_service", "service_parser", "stop_on_signals"]
 
 Register = Callable[[Subscribers], None]
 
@@ -29,6 +30,16 @@ def service_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--broker", default="txb://127.0.0.1:9876", help="the broker's address")
     p.add_argument("--stats", help="write the service's counters (JSON) into this directory")
     return p
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set on SIGTERM or SIGINT: the service finishes what it has in flight, then
+    returns from its main (the demo's supervisor stops services with SIGTERM)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 class StatsFile:
@@ -65,7 +76,7 @@ async def run_subscriber_service(
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
     stop = stop_on_signals()
-    async with Client(args.broker) as client:
+    async with await Client.connect(args.broker) as client:
         subscribers = Subscribers(client, async_sessionmaker(engine))
         register(subscribers)
         counters = lambda: {  # noqa: E731

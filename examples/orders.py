@@ -29,18 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from examples.common import StatsFile, service_parser
+from examples.common import StatsFile, service_parser, stop_on_signals
 from txbroker_outbox import add as outbox_add
-from txbroker_sdk import (
-    Client,
-    HttpServer,
-    TransactionFenced,
-    TxbError,
-    TxPublisher,
-    create_engine,
-    mount,
-    stop_on_signals,
-)
+from txbroker_sdk import Client, TxPublisher, create_engine, mount
+from txbroker_sdk.errors import TransactionFenced, TxbError
+from txbroker_sdk.web import HttpServer
 
 __all__ = ["ORDERS", "PRODUCER_GROUP", "create_app"]
 
@@ -125,7 +118,7 @@ async def main() -> int:
     engine = create_engine(args.db)
     async with engine.begin() as conn:
         await conn.run_sync(ORDERS.metadata.create_all)
-    client = Client(args.broker)  # connects on first use, and reconnects
+    client = await Client.connect(args.broker)  # it reconnects by itself when dropped
     stop = stop_on_signals()
     app, counters = create_app(
         engine, client, secret=args.secret, public_url=f"http://127.0.0.1:{args.port}"

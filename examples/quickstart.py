@@ -21,9 +21,9 @@ from txbroker_sdk import (
     TxPublisher,
     create_engine,
     mount,
-    serving,
     upgrade,
 )
+from txbroker_sdk.web import serving  # uvicorn on a free port, inside this program's loop
 
 BROKER = os.environ.get("TXB_URL", "txb://127.0.0.1:9876")
 DB = os.environ.get("DB_URL", "sqlite:///quickstart.db")  # or postgresql://user@host/db
@@ -43,7 +43,7 @@ async def main() -> None:
 
     app = Starlette()  # your service's app: the check-back endpoint is one line
     check_path = mount(app, engine, {"shop": "s3cret"})
-    async with serving(app) as base_url, Client(BROKER) as client:
+    async with serving(app) as base_url, await Client.connect(BROKER) as client:
         await client.create_topic("orders", exist_ok=True)
         await client.create_topic("emails", exist_ok=True)
         publisher = TxPublisher(

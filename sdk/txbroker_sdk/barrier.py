@@ -24,14 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from txbroker.errors import TxbError
 from txbroker.runtime import tracing as tr
 from txbroker_checkback.contract import CheckRequest, CheckStatus
 from txbroker_checkback.endpoint import CheckbackEndpoint
+from txbroker_sdk.errors import TransactionFenced
 from txbroker_sdk.preflight import TablesChecked
 from txbroker_sdk.tables import LOCAL_TX, insert_if_absent
 
-__all__ = ["BarrierResolver", "TransactionFenced", "mount", "record_commit"]
+__all__ = ["BarrierResolver", "mount", "record_commit"]
 
 COMMITTED = "committed"
 ROLLED_BACK = "rolled_back"
@@ -57,13 +57,6 @@ def _asyncpg_insert() -> tuple[str, type[Exception]]:
     compiled = _INSERT_BARRIER.compile(dialect=dialect())  # type: ignore[no-untyped-call]
     assert compiled.positiontup == ["tx_id", "state", "topic", "key"], compiled.positiontup
     return str(compiled), UniqueViolationError
-
-
-class TransactionFenced(TxbError):
-    """A back-check already answered ROLLBACK for this transaction: the business transaction
-    must roll back too (it would otherwise commit data whose message was discarded)."""
-
-    code = "TRANSACTION_FENCED"
 
 
 async def record_commit(

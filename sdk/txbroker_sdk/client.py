@@ -31,19 +31,9 @@ from txbroker.protocol.messages import (
     TxResolveRequest,
 )
 from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S, Connection
-from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
-from txbroker_sdk.requests import Transaction, is_nameserver_url, parse_server_url, prepare_request
+from txbroker_sdk.requests import Transaction, is_nameserver_url, prepare_request
 
-__all__ = [
-    "DEFAULT_CONNECT_DEADLINE_S",
-    "BrokerUnreachable",
-    "Client",
-    "ConnectionClosed",
-    "RequestTimeout",
-    "Transaction",
-    "parse_server_url",
-    "prepare_request",
-]
+__all__ = ["Client", "Transaction"]
 
 
 class Client(Connection):

@@ -1,19 +1,88 @@
-"""The errors the SDK raises on the service's side (the broker's own come from
-``txbroker.errors`` over the wire); each descends from :class:`~txbroker.errors.TxbError`.
+"""Every error a service may catch, under one root: the broker's (raised on this side from the
+code in its answer) and the SDK's own. ``retriable`` (* below) says whether trying again can
+help; ``code`` is stable. ``A > B, C``: B and C are kinds of A, caught with it.
 
-No SQLAlchemy here: a process that only sends messages imports these too.
+    TxbError
+    ├── InvalidArgument > BadRequest, InvalidName, MessageTooLarge, InvalidOffset
+    ├── NotFound > NoRoute, TransactionNotFound
+    ├── ProtocolError > TlsRequired
+    ├── ReplicationError > NotMaster, ReplicationTimeout
+    ├── ConnectionClosed* > BrokerUnreachable*
+    ├── RequestTimeout*, TlsFailed, TopicExists, TransactionConflict, TooManyTransactions*,
+    │   StaleGeneration*, Unauthenticated, Forbidden, StoreError, Internal
+    └── TransactionFenced, TablesMissing, NotStarted: found in the service, not at the broker
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from txbroker.errors import TxbError
+from txbroker.errors import (
+    BadRequest,
+    Forbidden,
+    Internal,
+    InvalidArgument,
+    InvalidName,
+    InvalidOffset,
+    MessageTooLarge,
+    NoRoute,
+    NotFound,
+    NotMaster,
+    ProtocolError,
+    ReplicationError,
+    ReplicationTimeout,
+    StaleGeneration,
+    StoreError,
+    TlsRequired,
+    TooManyTransactions,
+    TopicExists,
+    TransactionConflict,
+    TransactionNotFound,
+    TxbError,
+    Unauthenticated,
+)
 
-__all__ = ["BrokerUnreachable", "ConnectionClosed", "RequestTimeout", "TablesMissing", "TlsFailed"]
+__all__ = [
+    "TxbError",
+    # a call to fix, not to retry
+    "InvalidArgument",
+    "BadRequest",
+    "InvalidName",
+    "MessageTooLarge",
+    "InvalidOffset",
+    "NotFound",
+    "NoRoute",
+    "TransactionNotFound",
+    "TopicExists",
+    "TransactionConflict",
+    "Unauthenticated",
+    "Forbidden",
+    # the broker's state
+    "TooManyTransactions",
+    "StaleGeneration",
+    "ReplicationError",
+    "NotMaster",
+    "ReplicationTimeout",
+    "StoreError",
+    "Internal",
+    # the connection
+    "ConnectionClosed",
+    "BrokerUnreachable",
+    "RequestTimeout",
+    "ProtocolError",
+    "TlsRequired",
+    "TlsFailed",
+    # the service's side
+    "TransactionFenced",
+    "TablesMissing",
+    "NotStarted",
+]
 
 
 class ConnectionClosed(TxbError):
+    """The connection is gone: requests in flight have an unknown outcome (resend with an
+    idempotency key); the next request connects again."""
+
     code = "CONNECTION_CLOSED"
     retriable = True
 
@@ -34,8 +103,17 @@ class TlsFailed(TxbError):
 
 
 class RequestTimeout(TxbError):
+    """No answer within the request's timeout: its outcome is unknown."""
+
     code = "REQUEST_TIMEOUT"
     retriable = True
+
+
+class TransactionFenced(TxbError):
+    """A back-check already answered ROLLBACK for this transaction: the business transaction
+    must roll back too (it would otherwise commit data whose message was discarded)."""
+
+    code = "TRANSACTION_FENCED"
 
 
 class TablesMissing(TxbError):
@@ -51,3 +129,10 @@ class TablesMissing(TxbError):
             f"the txbroker tables are missing in {url}: run `txbroker db upgrade --url {url}` "
             f"(not found: {', '.join(self.missing)})"
         )
+
+
+class NotStarted(TxbError):
+    """A ``TxbService`` dependency or decorated function used outside the service's lifespan:
+    nothing is connected."""
+
+    code = "NOT_STARTED"

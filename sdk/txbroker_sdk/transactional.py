@@ -38,8 +38,9 @@ from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
 from txbroker_sdk.barrier import record_commit
-from txbroker_sdk.client import Client, prepare_request
+from txbroker_sdk.client import Client
 from txbroker_sdk.preflight import TablesChecked
+from txbroker_sdk.requests import prepare_request
 from txbroker_sdk.tables import LOCAL_TX
 
 __all__ = ["TxPublisher", "encode_body"]

@@ -54,27 +54,30 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 
 from txbroker.errors import Forbidden, InvalidArgument, TxbError
+from txbroker.runtime.httpserve import HttpServer, serving
 from txbroker.runtime.tracing import flush_tracing, setup_tracing
 from txbroker_sdk.barrier import mount
 from txbroker_sdk.client import Client
 from txbroker_sdk.database import create_engine
+from txbroker_sdk.errors import NotStarted
 from txbroker_sdk.schema import upgrade
 from txbroker_sdk.subscriber import Handler, Order, Subscribers, check_handler
 from txbroker_sdk.tables import INBOX, LOCAL_TX, OUTBOX
 from txbroker_sdk.transactional import TxPublisher, encode_body
 
-__all__ = ["NotStarted", "Runner", "TxbService"]
+__all__ = [
+    "TxbService",
+    "Runner",
+    # Serving an app from a program's own event loop, for a service not started by uvicorn's
+    # command (the example services): uvicorn, with the program keeping SIGTERM and SIGINT.
+    "HttpServer",
+    "serving",
+]
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class NotStarted(TxbError):
-    """The service's lifespan has not started (or has ended): nothing is connected."""
-
-    code = "NOT_STARTED"
 
 
 class Runner(Protocol):

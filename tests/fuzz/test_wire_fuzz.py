@@ -12,7 +12,7 @@ from txbroker.bench.fuzz_wire import fuzz_wire
 from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import Hello, decode_error, encode_body
-from txbroker_sdk import parse_server_url
+from txbroker_sdk.requests import parse_server_url
 
 # A broker that starts at about 75 MiB must not grow by more than this over a fuzz run: its
 # buffers are bounded per connection (one frame) and connections end with their case.

@@ -14,7 +14,8 @@ import sys
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from txbroker_sdk import Client, ConsumedMessage, create_engine, stop_on_signals
+from txbroker.runtime.signals import stop_on_signals
+from txbroker_sdk import Client, ConsumedMessage, create_engine
 from txbroker_sdk.subscriber import Subscribers
 
 GRACE_S = 2.0

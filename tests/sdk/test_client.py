@@ -19,7 +19,7 @@ from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameKind, Opcode
 from txbroker.protocol.messages import Empty, HelloOk, SendRequest, TxEndRequest, encode_body
 from txbroker_sdk import Client
-from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.errors import ConnectionClosed
 
 # What the scripted server does with each request after HELLO: (request opcode, writer) -> None.
 Script = Callable[[int, asyncio.StreamWriter], Awaitable[None]]

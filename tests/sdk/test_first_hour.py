@@ -20,16 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tests.conftest import ROOT, BrokerProcess
 from tests.sdk.subscriber_child import GRACE_S
-from txbroker_sdk import (
-    BrokerUnreachable,
-    Client,
-    ConsumedMessage,
-    InvalidArgument,
-    Subscribers,
-    TxbService,
-)
-from txbroker_sdk.client import DEFAULT_CONNECT_DEADLINE_S
+from txbroker_sdk import Client, ConsumedMessage, Subscribers, TxbService
+from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S
 from txbroker_sdk.database import create_engine
+from txbroker_sdk.errors import BrokerUnreachable, InvalidArgument
 
 
 def _closed_port() -> int:

@@ -18,9 +18,10 @@ from tests.conftest import IN_CI
 from tests.databases import PG_URL
 from txbroker_checkback.contract import CheckRequest, CheckStatus
 from txbroker_outbox import Relay
-from txbroker_sdk import Client, ConsumedMessage, Subscribers, TablesMissing, TxPublisher, preflight
+from txbroker_sdk import Client, ConsumedMessage, Subscribers, TxPublisher, preflight
 from txbroker_sdk.barrier import BarrierResolver
 from txbroker_sdk.database import create_engine
+from txbroker_sdk.errors import TablesMissing
 from txbroker_sdk.schema import upgrade
 from txbroker_sdk.testing import create_database, drop_database
 

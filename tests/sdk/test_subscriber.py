@@ -23,8 +23,8 @@ from txbroker.errors import InvalidArgument, NotFound
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import DlqListResponse, DlqMessage, DlqRequest, SendRequest
 from txbroker_sdk import Client, ConsumedMessage, Consumer
-from txbroker_sdk.client import ConnectionClosed
 from txbroker_sdk.database import async_url
+from txbroker_sdk.errors import ConnectionClosed
 from txbroker_sdk.subscriber import Subscribers, apply_once
 from txbroker_sdk.tables import INBOX
 

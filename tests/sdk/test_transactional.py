@@ -23,7 +23,7 @@ from txbroker.protocol.frames import Opcode
 from txbroker_checkback import CheckbackEndpoint
 from txbroker_sdk import Client, Consumer
 from txbroker_sdk.barrier import BarrierResolver
-from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.errors import ConnectionClosed
 from txbroker_sdk.tables import LOCAL_TX
 from txbroker_sdk.transactional import TxPublisher
 

@@ -24,15 +24,8 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from tests.conftest import BrokerProcess
-from txbroker_sdk import (
-    Client,
-    ConsumedMessage,
-    InvalidArgument,
-    NotStarted,
-    TxbError,
-    TxbService,
-    TxPublisher,
-)
+from txbroker_sdk import Client, ConsumedMessage, TxbError, TxbService, TxPublisher
+from txbroker_sdk.errors import InvalidArgument, NotStarted
 
 GROUP = "web-svc"
 SECRET = "s3cret"

@@ -10,7 +10,7 @@ from typing import Any
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_error, encode_body
-from txbroker_sdk import parse_server_url
+from txbroker_sdk.requests import parse_server_url
 
 __all__ = ["RawClient", "open_idle_sockets"]
 

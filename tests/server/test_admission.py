@@ -22,7 +22,8 @@ from tests.server.test_metrics import parse
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import Empty, HeartbeatRequest, Hello, PullRequest
 from txbroker.runtime import brokerproc
-from txbroker_sdk import BrokerUnreachable, Client
+from txbroker_sdk import Client
+from txbroker_sdk.errors import BrokerUnreachable
 
 IDLE_SOCKETS = 1_000
 

@@ -24,7 +24,7 @@ from txbroker.protocol.codec import encode_frame
 from txbroker.protocol.frames import HEADER, FrameKind, Opcode
 from txbroker.protocol.messages import AckRequest, QueuePosition, SendRequest
 from txbroker_sdk import Client
-from txbroker_sdk.client import ConnectionClosed
+from txbroker_sdk.errors import ConnectionClosed
 
 
 async def test_topics_and_sends_round_trip(broker: BrokerProcess) -> None:
@@ -231,7 +231,7 @@ async def test_stop_is_prompt_with_long_polls_held(tmp_path: Path) -> None:
 
 
 async def test_a_silent_server_times_requests_out() -> None:
-    from txbroker_sdk import RequestTimeout
+    from txbroker_sdk.errors import RequestTimeout
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # accept bytes, never answer

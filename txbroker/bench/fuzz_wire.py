@@ -331,7 +331,7 @@ async def fuzz_wire(
     """Run up to ``cases`` cases for up to ``seconds`` against the broker at ``url`` (process
     ``pid``, admin ``token``), ``concurrency`` connections at a time; the tracebacks its log
     at ``log_path`` gains meanwhile are counted."""
-    from txbroker_sdk import parse_server_url
+    from txbroker_sdk.requests import parse_server_url
 
     host, port = parse_server_url(url)
     report = FuzzReport("wire", seed)
