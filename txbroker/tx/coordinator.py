@@ -11,7 +11,7 @@ Parking and resuming append op records too (without the key).
 
 This module holds what runs per PREPARE and END_TX: the half record, the fenced resolution and
 its decision record, and the hand-off to the group commit. Around it: what a PREPARE must name
-(``txbroker.tx.admission``), the back-checks (``txbroker.tx.checker``), parking and resuming
+(``txbroker.tx.policy``), the back-checks (``txbroker.tx.checker``), parking and resuming
 (``txbroker.tx.parking``), and the rebuild of everything the coordinator knows at start from
 ``%HALF``, ``%TXOP`` and the index (``txbroker.tx.recovery``, which also writes the state file
 that keeps that rebuild short).
@@ -54,7 +54,7 @@ from txbroker.store import (
 )
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx import parking
-from txbroker.tx.admission import Admission
+from txbroker.tx.policy import PreparePolicy
 from txbroker.tx.ports import Publishing
 from txbroker.tx.recovery import STATE_FILE, encode_state, recover_open
 from txbroker.tx.state import (
@@ -133,12 +133,12 @@ class TxCoordinator:
             self._path, lambda: encode_state(self._store, self.open, self.counters)
         )
         self._cached_bytes = 0
-        admission = Admission(
+        policy = PreparePolicy(
             settings.secrets, settings.default_secret, settings.timeout_ms, settings.max_timeout_ms
         )
-        # Bound once: a PREPARE makes one call to validate, as when this was a method here.
-        self._check_prepare: Callable[[TxPrepareRequest], tuple[str, int]] = admission.check
-        self.secret_for: Callable[[str], str | None] = admission.secret_for
+        # Bound once, so the PREPARE hot path pays one call, not an attribute look-up and a call.
+        self._check_prepare: Callable[[TxPrepareRequest], tuple[str, int]] = policy.check
+        self.secret_for: Callable[[str], str | None] = policy.secret_for
 
     # --- prepare ---
 
