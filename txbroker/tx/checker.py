@@ -9,7 +9,7 @@ transaction by itself (nothing was asked).
 
 Bounded so 100k pending transactions never become a storm, and fair so one broken service
 never delays another's recovery: at most ``concurrency`` checks in flight overall; due checks
-wait in the fair lanes (``txbroker.tx.lanes``), one queue per (endpoint, producer group) served
+wait in the fair lanes (``txbroker.tx.checklanes``), one queue per (endpoint, producer group) served
 round robin, each endpoint (scheme, host, port) with its own concurrency bound, ``rate_per_s``
 and circuit breaker. Every check has a total ``deadline_ms`` besides httpx's per-phase
 ``timeout_ms``, so an endpoint that trickles bytes cannot hold a lane for long either.
@@ -33,8 +33,8 @@ from txbroker.errors import TransactionConflict, TxbError
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker.tx import spans
+from txbroker.tx.checklanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.lanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.state import CheckRecord, Decision, Resolver, Tx, TxState
 from txbroker_checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
 
