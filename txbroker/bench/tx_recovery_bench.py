@@ -2,7 +2,7 @@
 
 A real broker gets one transaction that stays open (its timeout is a day), then N later ones
 prepared and ended (one in ten rolled back). The broker copies the old half forward once
-recovery's span grows past max(10,000, 4 x open) (``txbroker.tx.reput``); the bench waits for
+recovery's span grows past max(10,000, 4 x open) (``txbroker.tx.halfcopy``); the bench waits for
 that (the span saved in ``tx.json`` within the bound), stops the broker (SIGTERM: the store has
 nothing to replay, so the restart measures the transactions) and times the restart to its ready
 line, with the records recovery read (from its log line). It then puts ``meta/tx.json``'s
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from txbroker.runtime.brokerproc import READY_PREFIX, parse_ready
-from txbroker.tx.reput import COMPACT_MIN_SPAN
+from txbroker.tx.halfcopy import COMPACT_MIN_SPAN
 
 __all__ = ["TxRecoveryResult", "bench_tx_recovery", "format_tx_recovery"]
 

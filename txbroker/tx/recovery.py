@@ -7,7 +7,7 @@ resume op records say, with the back-check counts saved in ``meta/tx.json``.
 
 The same file holds two low-water marks: the oldest unresolved half record, and the ``%TXOP``
 end offset when it was prepared. Recovery reads from those, so restart cost follows the
-unresolved window, not history; ``txbroker.tx.reput`` keeps that window short by copying old
+unresolved window, not history; ``txbroker.tx.halfcopy`` keeps that window short by copying old
 open halves forward. A transaction may so have two half records (a crash came between the copy
 and the next state file): the later one wins, and it carries the state its earlier op records
 described. The file also keeps the transaction counters across restarts. This is separate from
@@ -230,7 +230,7 @@ async def _scan(store: MessageStore, topic: str, start: int) -> AsyncIterator[St
 
 def tx_from_half(m: StoredMessage) -> Tx:
     """The open transaction a half record describes, as it was when prepared (or, for a copy
-    made by ``txbroker.tx.reput``, when copied)."""
+    made by ``txbroker.tx.halfcopy``, when copied)."""
     p = m.properties
     timeout = int(p[PROP_TIMEOUT])
     deliver_at = p.get(PROP_DELIVER_AT)
