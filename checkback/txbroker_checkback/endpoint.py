@@ -5,7 +5,7 @@
     endpoint = CheckbackEndpoint(resolver, secrets)
     app = Starlette(routes=[Route("/txb/check", endpoint, methods=["POST"])])
 
-``resolver(request) -> CheckStatus`` decides (issue 5's barrier-backed resolver, or any
+``resolver(request) -> CheckStatus`` decides (the SDK's barrier-backed resolver, or any
 callable, sync or async). ``secrets`` maps producer group to its shared secret. Requests with
 a missing, stale or wrong signature get 401; malformed JSON gets 400; the resolver's answer
 goes back as ``{"status": ...}``. A resolver that raises answers 500, which the broker reads as

@@ -6,9 +6,8 @@ recovery's span grows past max(10,000, 4 x open) (``txbroker.tx.halfcopy``); the
 that (the span saved in ``tx.json`` within the bound), stops the broker (SIGTERM: the store has
 nothing to replay, so the restart measures the transactions) and times the restart to its ready
 line, with the records recovery read (from its log line). It then puts ``meta/tx.json``'s
-low-water marks back at the old transaction's half and op mark, as every earlier version kept
-them, and times that restart too: the same log read the way it was read before half messages
-were copied forward.
+low-water marks back at the old transaction's half and op mark, where they stay without copies
+forward, and times that restart too: the same log read as if no half message were copied.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class TxRecoveryResult:
     fill_s: float
     bounded_after_s: float  # from the end of the load until the saved span was bounded
     with_copies: Restart
-    marks_at_the_old_one: Restart  # as before half messages were copied forward
+    marks_at_the_old_one: Restart  # the marks where they stay without copies forward
 
 
 class _Broker:
@@ -163,7 +162,7 @@ def bench_tx_recovery(
         copied = time.monotonic() - t0
         after = broker.restart()
         broker.stop()
-        # The marks every earlier version saved: the old transaction's half (the first %HALF
+        # The marks as they stay without copies forward: the old transaction's half (the first %HALF
         # record) and its op mark (0: nothing was in %TXOP before it).
         saved = broker.state()
         saved.update(half_low=0, op_low=0)

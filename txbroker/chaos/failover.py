@@ -1,4 +1,4 @@
-"""The failover scenarios (issue 22): the world's services and producer reach two broker groups
+"""The failover scenarios: the world's services and producer reach two broker groups
 of three ``--role auto`` brokers each through a NameServer, and every round kill -9s one
 group's master under plain sends, @transactional orders and the outbox relay.
 

@@ -47,8 +47,9 @@ __all__ = ["DEFAULT_TTL_S", "Election", "ElectionState", "Term", "watch_leader"]
 
 log = logging.getLogger(__name__)
 
-# issue 22 asks for a new master within 5 s of the old one dying: a dead master's key goes when
-# its lease ends, so the TTL bounds the takeover; 3 s leaves 2 s for the new master to start.
+# Failover's target is a new master within 5 s of the old one dying (docs/cluster.md): a dead
+# master's key goes when its lease ends, so the TTL bounds the takeover; 3 s leaves 2 s for the
+# new master to start.
 DEFAULT_TTL_S: Final = 3
 # Between attempts when etcd cannot be reached: often enough to win soon after it is back, not
 # so often that a hundred brokers hammer a recovering etcd.

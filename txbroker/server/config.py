@@ -105,7 +105,7 @@ class ServerConfig:
     group: str | None = None
     broker_id: str | None = None
     role: str = "auto"
-    # Replication (issue 22 item 4; read together as ReplicationSettings, replication.py):
+    # Replication (read together as ReplicationSettings, replication.py):
     # the master this broker follows as a slave; what a master's writes wait for (sync:
     # min_insync slaves flushed them, at most replication_timeout_ms; async: its own flush).
     replica_of: str | None = None

@@ -1,5 +1,5 @@
-"""A broker's membership of its group (issue 22, item 2): registered in etcd while it runs, and
-its role, master or slave.
+"""A broker's membership of its group: registered in etcd while it runs, and its role, master or
+slave.
 
 With ``--coordinator`` the broker keeps ``/txb/brokers/<group>/<id>`` under a registration
 lease (``txbroker/cluster/registration.py``): its addresses, its role and its flushed offset,
