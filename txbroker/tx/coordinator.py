@@ -1,20 +1,11 @@
 """The transaction coordinator: PREPARE, END_TX, operator resolution, and recovery.
 
-PREPARE appends a *half record* to ``%HALF``: the message as it will be delivered, plus the
-transaction's properties. No consumer can read ``%HALF``.
-
-Resolving appends one *decision record*, indexed under the internal key ``txend:<tx>``: for a
-commit, the *visible copy* in the real topic (same message id, same body); for a rollback, an
-*op record* in ``%TXOP``. One record, so a decision is never half written: after a crash it is
-either in the log or not, and a transaction without one is still open (a back-check decides).
-Parking and resuming append op records too (without the key).
-
-This module holds what runs per PREPARE and END_TX: the half record, the fenced resolution and
-its decision record, and the hand-off to the group commit. Around it: what a PREPARE must name
-(``txbroker.tx.policy``), the back-checks (``txbroker.tx.checker``), parking and resuming
-(``txbroker.tx.parking``), and the rebuild of everything the coordinator knows at start from
-``%HALF``, ``%TXOP`` and the index (``txbroker.tx.recovery``, which also writes the state file
-that keeps that rebuild short).
+PREPARE appends a *half record* to ``%HALF``, which no consumer reads. Resolving appends one
+*decision record* under the internal key ``txend:<tx>``: the *visible copy* in the real topic
+for a commit, an *op record* in ``%TXOP`` for a rollback. One record, so a decision is never
+half written: after a crash a transaction without one is still open (a back-check decides).
+Around this module: ``policy`` (what a PREPARE must name), ``checker`` (back-checks),
+``parking``, and ``recovery`` (the rebuild at start, and the state file that keeps it short).
 """
 
 from __future__ import annotations
