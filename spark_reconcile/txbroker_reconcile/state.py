@@ -53,6 +53,7 @@ class State:
     ``created_at`` is its start); the newest segment's damaged tail may be read again once the
     broker has finished writing it.
     """
+
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.marks = _Marks()

@@ -64,6 +64,7 @@ class Sessions:
     not its session's is refused. Short notices after an action ("committed ...") travel in a
     signed cookie too, so a link cannot make the console say something it did not do.
     """
+
     def __init__(
         self,
         tokens: TokenTable | str | None,
