@@ -1,13 +1,11 @@
 """`txbroker bench tx-recovery`: what one old open transaction costs a restart.
 
 A real broker gets one transaction that stays open (its timeout is a day), then N later ones
-prepared and ended (one in ten rolled back). The broker copies the old half forward once
-recovery's span grows past max(10,000, 4 x open) (``txbroker.tx.halfcopy``); the bench waits for
-that (the span saved in ``tx.json`` within the bound), stops the broker (SIGTERM: the store has
-nothing to replay, so the restart measures the transactions) and times the restart to its ready
-line, with the records recovery read (from its log line). It then puts ``meta/tx.json``'s
-low-water marks back at the old transaction's half and op mark, where they stay without copies
-forward, and times that restart too: the same log read as if no half message were copied.
+prepared and ended. The bench waits until the broker has copied the old half forward
+(``txbroker.tx.halfcopy``), stops it (SIGTERM: the store has nothing to replay, so the restart
+measures the transactions) and times the restart to its ready line, with the records recovery
+read. It then puts ``meta/tx.json``'s low-water marks back at the old transaction's half and op
+mark, where they stay without copies forward, and times that restart too.
 """
 
 from __future__ import annotations

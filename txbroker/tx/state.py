@@ -6,8 +6,7 @@
                                 └──resume──▶ PREPARED (checks start again)
 
 Resolution is final and fenced: a second END_TX with the same decision returns the first
-result; a different one is refused with TransactionConflict, whoever sends it (producer,
-back-check or operator).
+result; a different one is refused with TransactionConflict, whoever sends it.
 """
 
 from __future__ import annotations
