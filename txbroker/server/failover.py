@@ -59,7 +59,7 @@ from txbroker.server.replicator import Replicator
 from txbroker.store import MessageStore
 from txbroker.tx.checker import BackChecker
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.reput import HalfMover
+from txbroker.tx.halfcopy import HalfCopier
 
 __all__ = ["DIVERGENT_DIR", "Failover", "FailoverState", "MasterDuties"]
 
@@ -100,7 +100,7 @@ class MasterDuties:
         tx: TxCoordinator,
         checker: BackChecker,
         scheduler: DelayScheduler,
-        halves: HalfMover,
+        halves: HalfCopier,
         handlers: dict[int, Handler],
         direct: dict[int, DirectHandler],
         replication: ReplicationSettings,
