@@ -126,8 +126,11 @@ class StoreReads(StoreCore):
         self._check_readable()
         seen: set[int] = set()
         out: list[StoredMessage] = []
+        # The index holds entries for a failed write's records (added as they were written):
+        # they end at its cut, not at the end of the log.
+        end = self.log.write_pos if self._cut_at is None else min(self.log.write_pos, self._cut_at)
         for phys in self.index.find(kind, key, limit * 4, since_ms):
-            if phys in seen or phys < self.log.min_offset or phys >= self.log.write_pos:
+            if phys in seen or phys < self.log.min_offset or phys >= end:
                 continue
             seen.add(phys)
             try:
