@@ -27,7 +27,7 @@ from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
-from txbroker.store.replica import parse_records
+from txbroker.store.replication import parse_records
 from txbroker_checkback import CheckStatus
 from txbroker_sdk import Client
 from txbroker_sdk.consumer import Consumer

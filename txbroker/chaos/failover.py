@@ -28,7 +28,7 @@ from txbroker.runtime.etcdproc import ETCD_BIN
 from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
-from txbroker.store.replica import parse_records
+from txbroker.store.replication import parse_records
 from txbroker_sdk import Client
 
 __all__ = [
