@@ -174,7 +174,8 @@ def recover(
     n = 0
     cut = cut_at if cut_at is not None and cut_at >= commitlog.min_offset else None
     if cut is not None and cut < p:
-        # A checkpoint past the cut: written by a failed store's close before that was fixed.
+        # A checkpoint past the cut (a failed store's close must never write one, but a
+        # directory may come from a version that did).
         # The cut stands (nothing from there on was acknowledged); recover from it, so the
         # queue entries between it and the checkpoint are dropped too.
         log.warning("checkpoint at %d lies past the cut at %d: recovering from the cut", p, cut)
