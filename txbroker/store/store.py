@@ -81,12 +81,12 @@ class MessageStore:
         self._lock_fd = -1
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
-        # The role fence (follow/unfollow): None on a master that needs none, so its appends
-        # pay one attribute test. ``refusal`` refuses every append of a follower; ``fence``
-        # raises to refuse one (an elected master whose lease may have ended).
+        # The role check at the append entry (follow/unfollow): a master that needs none pays
+        # one attribute test (``_guarded``). ``_refusal`` refuses every append of a follower;
+        # ``_lease_fence`` raises to refuse one (an elected master whose lease may have ended).
         self._guarded = False
-        self.refusal: str | None = None
-        self.fence: Callable[[], None] | None = None
+        self._refusal: str | None = None
+        self._lease_fence: Callable[[], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -309,8 +309,8 @@ class MessageStore:
         """Make this store a replica of ``master``'s log: from now on only
         ``append_replicated`` writes to it, and every other append raises ``NotMaster``
         naming the master (a slave's own write would make its log diverge)."""
-        self.refusal = f"this broker is a slave of {master}: writes go to the master"
-        self.fence = None
+        self._refusal = f"this broker is a slave of {master}: writes go to the master"
+        self._lease_fence = None
         self._guarded = True
 
     def unfollow(self, fence: Callable[[], None]) -> None:
@@ -318,15 +318,15 @@ class MessageStore:
         called before each append and raises to refuse it: an elected master's lease may end
         between two appends, and a process frozen past it handles what waits on its sockets
         before its timers (failover.py)."""
-        self.refusal = None
-        self.fence = fence
+        self._refusal = None
+        self._lease_fence = fence
         self._guarded = True
 
     def _check_role(self) -> None:
-        if self.refusal is not None:
-            raise NotMaster(self.refusal)
-        if self.fence is not None:
-            self.fence()
+        if self._refusal is not None:
+            raise NotMaster(self._refusal)
+        if self._lease_fence is not None:
+            self._lease_fence()
 
     def cut_tail(self, offset: int) -> None:
         """Record durably that the log ends at ``offset``: the next open drops what follows
