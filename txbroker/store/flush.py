@@ -302,17 +302,22 @@ class Flusher:
         committer.on_failure = self._on_commit_failure
         return committer
 
-    def durable(self) -> asyncio.Future[None] | None:
-        """One future, shared by every caller, resolved once everything appended so far is
-        durable (and, with a gate, held by enough replicas); None when nothing is waited for
-        (async flush, no gate). Shared: add callbacks or shield it, never cancel it."""
+    def durable(self, *, own: bool = True) -> asyncio.Future[None] | None:
+        """The store's one durability wait: a future resolved once everything appended so far
+        is durable (flushed in sync mode; with a gate, held by enough replicas), or None when
+        nothing is waited for (async mode, no gate). ``own``: a future for this caller alone,
+        which it may cancel (what an append awaits); else one shared by every caller until the
+        next group commit starts: add callbacks to it, never cancel it. An own future of the
+        group commit is resolved by the group itself, not through the shared one: awaiting a
+        shielded shared future costs every append an extra loop callback."""
         gate = self.gate
         if gate is not None:
-            return gate.covering(self.log.write_pos)
-        if self.sync:
-            assert self.committer is not None
-            return self.committer.durable_together()
-        return None
+            shared = gate.covering(self.log.write_pos)
+            return asyncio.shield(shared) if own else shared
+        if not self.sync:
+            return None
+        assert self.committer is not None
+        return self.committer.wait_durable() if own else self.committer.durable_together()
 
     @property
     def flushed(self) -> int:

@@ -276,17 +276,17 @@ class MessageStore:
     async def append(self, msg: Message) -> AppendResult:
         """:meth:`append_nowait`, answered once the record is durable (:meth:`durable`)."""
         res = self.append_nowait(msg)
-        shared = self._flusher.durable()
-        if shared is not None:
-            await asyncio.shield(shared)  # shared with other writers: never cancelled
+        durable = self._flusher.durable()
+        if durable is not None:
+            await durable
         return res
 
     async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
         """:meth:`append_batch_nowait`, answered once the batch is durable."""
         out = self.append_batch_nowait(msgs)
-        shared = self._flusher.durable() if out else None
-        if shared is not None:
-            await asyncio.shield(shared)
+        durable = self._flusher.durable() if out else None
+        if durable is not None:
+            await durable
         return out
 
     def validate(self, msg: Message) -> None:
@@ -297,13 +297,12 @@ class MessageStore:
         """A future of the caller's own (it may cancel it), resolved once everything appended
         so far is durable: flushed in sync mode, held by enough replicas with sync
         replication. None when nothing is waited for (async mode without a gate)."""
-        shared = self._flusher.durable()
-        return None if shared is None else asyncio.shield(shared)
+        return self._flusher.durable()
 
     def durable_together(self) -> asyncio.Future[None] | None:
         """:meth:`durable`, one future shared by every caller (until the next group commit
         starts): add callbacks to it, never cancel it."""
-        return self._flusher.durable()
+        return self._flusher.durable(own=False)
 
     def follow(self, master: str) -> None:
         """Make this store a replica of ``master``'s log: from now on only
