@@ -93,6 +93,10 @@ class Producer:
             if durable is not None:
                 await asyncio.shield(durable)
         """
+        if len(reqs) == 1:  # a single SEND, most of them: no lists to build and take apart
+            msg = self._stored_form(reqs[0])
+            res = self._store.append_nowait(msg)
+            return [self._receipt(msg, res)], self._wake_when_durable((res,))
         return self._append([self._stored_form(r) for r in reqs])
 
     async def publish_deduplicated(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
