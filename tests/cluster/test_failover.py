@@ -1,4 +1,4 @@
-"""Failover (issue 22, item 5) with real brokers, a real etcd and a NameServer: a killed
+"""Failover with real brokers, a real etcd and a NameServer: a killed
 master's group elects the slave holding the most, which takes over every acknowledged write
 and every open transaction; the old master rejoins as a slave, cutting the tail it alone held.
 The campaign under the services' load is tests/reconcile/test_standalone_cluster.py's (with

@@ -1,4 +1,4 @@
-"""Partitions (issue 22 acceptance): a master cut off from etcd steps down before its lease can
+"""Partitions: a master cut off from etcd steps down before its lease can
 have ended, and no two masters of one group accept writes, checked by reading the brokers' logs
 afterwards.
 

@@ -1,4 +1,4 @@
-"""A failed append is all or nothing (issue 20, item 5), with real faults: a file the append
+"""A failed append is all or nothing, with real faults: a file the append
 needs cannot be created, the group commit's syncer dies. What the caller was told failed is
 neither counted nor readable, now or after a crash; what it was told succeeded is."""
 

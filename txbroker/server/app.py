@@ -48,7 +48,7 @@ from txbroker.store import MessageStore, StoreConfig
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx.checker import BackChecker, CheckSettings
 from txbroker.tx.coordinator import TxCoordinator, TxSettings
-from txbroker.tx.reput import COMPACT_INTERVAL_S, HalfMover
+from txbroker.tx.halfcopy import COMPACT_INTERVAL_S, HalfCopier
 
 __all__ = ["BrokerServer", "serve"]
 
@@ -80,7 +80,7 @@ class BrokerServer:
         self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
-        self._halves: HalfMover | None = None
+        self._halves: HalfCopier | None = None
         self._admin: Admin | None = None
         self.metrics: BrokerMetrics | None = None
         self._http: HttpServer | None = None
@@ -125,7 +125,7 @@ class BrokerServer:
         )
         # Before retention deletes a segment, open transactions' halves are copied out of it
         # (the mover refuses until the transactions are recovered, so none is lost meanwhile).
-        self.store.retention_hook = self._halves = HalfMover(self.store)
+        self.store.retention_hook = self._halves = HalfCopier(self.store)
         slave = self.replication.replica_of
         elects = cfg.elects
         # A slave's log is its master's: no write of its own, no copies. An electing broker

@@ -30,7 +30,7 @@ from txbroker.server.role import MASTER_ONLY, Role
 from txbroker.store import MessageStore
 from txbroker.tx.checker import BackChecker
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.reput import HalfMover
+from txbroker.tx.halfcopy import HalfCopier
 
 __all__ = ["DIVERGENT_DIR", "Failover", "FailoverState", "MasterDuties"]
 
@@ -73,7 +73,7 @@ class MasterDuties:
         tx: TxCoordinator,
         checker: BackChecker,
         scheduler: DelayScheduler,
-        halves: HalfMover,
+        halves: HalfCopier,
         role: Role,
         slaves: ReplicationMaster,
         epochs: EpochHistory,

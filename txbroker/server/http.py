@@ -1,19 +1,11 @@
 """The HTTP admin API (Starlette), served by uvicorn inside the broker's event loop.
 
-    GET /healthz                       liveness, store state, connections and their limits
-    GET /v1/topics                     topics with per-queue offsets
-    GET /v1/groups                     consumer groups with lag per queue
-    GET /v1/messages?topic=T&key=K     messages of a topic by business key
-    GET /v1/messages/{message_id}      one message by id
-    GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
-
-Errors are JSON ``{"error": {"code", "message"}}`` with a status that fits the error class
-(a method an endpoint does not take too: 405 ``METHOD_NOT_ALLOWED``).
-
-With tokens (``tokens.py``), every endpoint but ``/healthz`` needs ``Authorization: Bearer
-<token>`` (401 without a valid one) and the ``read`` role on what it shows (listings show only
-the topics the token may read); resolving a transaction needs ``admin`` on its topic (403
-``FORBIDDEN`` otherwise).
+Health, topics, groups, messages by key or id, transactions and ``/metrics`` (the routes are
+listed in :func:`build_http_app`). Errors are JSON ``{"error": {"code", "message"}}`` with a
+status that fits the error class (a method an endpoint does not take too: 405
+``METHOD_NOT_ALLOWED``). With tokens (``tokens.py``), every endpoint but ``/healthz`` needs
+``Authorization: Bearer <token>`` (401 without a valid one) and the ``read`` role on what it
+shows; resolving a transaction needs ``admin`` on its topic (403 ``FORBIDDEN`` otherwise).
 """
 
 from __future__ import annotations
@@ -125,7 +117,19 @@ def build_http_app(
     extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The admin API's app; ``extra_routes`` are mounted beside it (the console, from above:
-    the server does not import what it serves there)."""
+    the server does not import what it serves there).
+
+    ::
+
+        GET /healthz                       liveness, store state, connections and their limits
+        GET /v1/topics                     topics with per-queue offsets
+        GET /v1/groups                     consumer groups with lag per queue
+        GET /v1/messages?topic=T&key=K     messages of a topic by business key
+        GET /v1/messages/{message_id}      one message by id
+        GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
+
+    Listings show only the topics the token may read.
+    """
     table = tokens or TokenTable()
 
     def guarded(fn: Callable[[Request], Any], *, public: bool = False) -> Callable[[Request], Any]:
