@@ -23,8 +23,8 @@ from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import GroupsRequest
-from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import DIVERGENT_DIR
+from txbroker.server.replication.epochs import EpochHistory
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
 from txbroker.store.replication import parse_records

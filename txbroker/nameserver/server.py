@@ -90,7 +90,7 @@ class NameServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def _route(self, req: RouteRequest) -> RouteResponse:
+    def _route(self, req: RouteRequest) -> RouteResponse:
         assert self.cache is not None
         return self.cache.route(req.topic)
 
@@ -109,7 +109,7 @@ class NameServer:
             await self._coordinator.close()
 
 
-async def _ping(_: Any) -> Empty:
+def _ping(_: Any) -> Empty:
     return Empty()
 
 

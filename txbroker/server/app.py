@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from starlette.routing import BaseRoute, Mount
 
@@ -25,26 +25,25 @@ from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.admission import FILES_MARGIN, Admission, Limits, fit_limits
 from txbroker.server.config import ServerConfig
-from txbroker.server.connection import Connection
+from txbroker.server.connection import Connection, Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.deletion import TopicDeletion
-from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import Failover, MasterDuties
 from txbroker.server.groups import GroupCoordinator
-from txbroker.server.handlers import build_direct_handlers, build_handlers
+from txbroker.server.handlers import build_handlers
 from txbroker.server.http import build_http_app
 from txbroker.server.longpoll import Notifier
 from txbroker.server.membership import Membership, MembershipSettings
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
-from txbroker.server.replication import ReplicaTracker
-from txbroker.server.replication import install as install_replication
-from txbroker.server.replicator import Replicator, replica_name
+from txbroker.server.replication.epochs import EpochHistory
+from txbroker.server.replication.master import ReplicationMaster, ReplicaTracker
+from txbroker.server.replication.slave import Replicator, replica_name
 from txbroker.server.retry import RetryService
+from txbroker.server.role import WRITES, Role
 from txbroker.server.tlslisten import TlsListener
 from txbroker.server.topics import TopicRegistry
-from txbroker.server.txports import TxPublishing
 from txbroker.store import MessageStore, StoreConfig
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx.checker import BackChecker, CheckSettings
@@ -97,6 +96,9 @@ class BrokerServer:
         self.replicas: ReplicaTracker | None = None  # master: its slaves' flushed offsets
         self.replicator: Replicator | None = None  # slave: the task following the master
         self.failover: Failover | None = None  # --role auto in a group: the role as elected
+        self.role = Role()  # what is served now: a slave refuses writes (role.py)
+        # The opcode -> handler table every front end calls (docs/server.md).
+        self.handlers: dict[int, Handler] = {}
         self.epochs = EpochHistory(config.data_dir / "meta")
         # Set when the broker must restart to apply a tail cut (failover.py); serve() does.
         self.restart = asyncio.Event()
@@ -164,7 +166,7 @@ class BrokerServer:
         self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier, retry)
         self.tx = TxCoordinator(
             self.store,
-            TxPublishing(producer, self.scheduler, self.topics),
+            producer,
             cfg.data_dir / "meta",
             TxSettings(
                 cfg.tx_timeout_ms, secrets=cfg.tx_secrets, default_secret=cfg.tx_default_secret
@@ -196,17 +198,38 @@ class BrokerServer:
         admin = self._admin = Admin(self.store, self.topics, self.groups)
         deletion = TopicDeletion(self.store, self.topics, self.groups, notifier, self.tx)
         deletion.forget_fences()
-        handlers = build_handlers(
-            admin, self.topics, producer, self.consumer, retry, self.tx, deletion
-        )
-        direct = build_direct_handlers(self.tx, producer)
-        if elects:
-            self.failover = self._failover(handlers, direct, notifier)
-            self.failover.start()
-        else:
-            self.replicas = install_replication(
-                self.replication, self.store, handlers, direct, self.groups.all_offsets
+        # Which requests are served now: all on a master; a slave refuses writes (role.py).
+        role = self.role
+        slaves: ReplicationMaster | None = None  # a broker that may be master serves slaves
+        if slave is not None:
+            role.refuse(
+                WRITES,
+                f"this broker is a slave of {slave}: writes and offset commits go to the master",
             )
+        else:
+            slaves = ReplicationMaster(
+                self.store,
+                self.replication,
+                epochs=self.epochs if elects else None,
+                offsets=self.groups.all_offsets,
+            )
+        handlers = self.handlers = build_handlers(
+            admin,
+            self.topics,
+            producer,
+            self.consumer,
+            retry,
+            self.tx,
+            deletion,
+            slaves.handle if slaves is not None else None,
+        )
+        if elects:
+            assert slaves is not None
+            self.failover = self._failover(slaves, notifier)
+            self.failover.start()
+        elif slaves is not None:
+            self.replicas = slaves.begin()
+            slaves.gate()
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
@@ -225,7 +248,7 @@ class BrokerServer:
                 access=access,
                 hello=hello,
                 connections=self._connections,
-                direct=direct,
+                role=role,
                 admission=admission,
             )
 
@@ -316,9 +339,7 @@ class BrokerServer:
                     "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
                 )
 
-    def _failover(
-        self, handlers: dict[int, Any], direct: dict[int, Any], notifier: Notifier
-    ) -> Failover:
+    def _failover(self, slaves: ReplicationMaster, notifier: Notifier) -> Failover:
         cfg = self.config
         assert self.store and self.tx and self.checker and self.scheduler and self._halves
         duties = MasterDuties(
@@ -327,11 +348,9 @@ class BrokerServer:
             self.checker,
             self.scheduler,
             self._halves,
-            handlers,
-            direct,
-            self.replication,
+            self.role,
+            slaves,
             self.epochs,
-            self.groups.all_offsets,
         )
         store, topics = self.store, self.topics
         name = replica_name(cfg.data_dir / "meta")
