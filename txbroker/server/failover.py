@@ -289,7 +289,7 @@ class Failover:
 def save_divergent(store: MessageStore, cut_at: int, folder: Path) -> Path:
     """Copy the log's bytes from ``cut_at`` to its end into a folder of ``folder``: one file
     per read, named by the log offset it starts at (whole records as the log holds them, a
-    segment's end marker last: ``txbroker.store.replica.parse_records`` reads each back)."""
+    segment's end marker last: ``txbroker.store.replication.parse_records`` reads each back)."""
     kept = folder / f"{cut_at:020d}-{time.strftime('%Y%m%dT%H%M%S')}"
     kept.mkdir(parents=True, exist_ok=True)
     end = store.write_offset

@@ -74,7 +74,7 @@ class ReplicaTracker:
         self._open: _Batch | None = None
         self.timeouts = 0
 
-    # --- the gate (txbroker.store.replica.ReplicationGate) --------------------------------
+    # --- the gate (txbroker.store.flush.ReplicationGate) --------------------------------
 
     def covering(self, offset: int) -> asyncio.Future[None]:
         # The slaves fetch flushed bytes only: start the master's flush of this write now
