@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 from starlette.routing import BaseRoute, Mount
 
 from txbroker import __version__
+from txbroker.cluster.routes import BrokerInfo
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.runtime.brokerproc import READY_PREFIX
@@ -97,6 +98,7 @@ class BrokerServer:
         self.replicas: ReplicaTracker | None = None  # master: its slaves' flushed offsets
         self.replicator: Replicator | None = None  # slave: the task following the master
         self.failover: Failover | None = None  # --role auto in a group: the role as elected
+        self.master_http: str | None = None  # the elected master's HTTP URL, when another's
         self.epochs = EpochHistory(config.data_dir / "meta")
         # Set when the broker must restart to apply a tail cut (failover.py); serve() does.
         self.restart = asyncio.Event()
@@ -275,13 +277,15 @@ class BrokerServer:
             self.store,
             self.topics,
             admin,
-            self.scheduler,
-            tokens=access.tokens,
             tx=self.tx,
             checker=self.checker,
             metrics=self.metrics,
             connections=admission.info,
             extra_routes=extra,
+            handlers=handlers,
+            access=access,
+            dedup_window_ms=cfg.dedup_window_ms,
+            master_http=lambda: self.master_http,
         )
         self._http = HttpServer(app, cfg.host, cfg.http_port, tls=tls)
         await self._http.start()
@@ -304,7 +308,7 @@ class BrokerServer:
                 MembershipSettings.of(cfg, self.port, self.http_port, tls is not None),
                 flushed_offset=lambda: self.store.flushed_offset if self.store else 0,
                 log_epoch=lambda: self.epochs.last_epoch,
-                on_master=failover.on_master if failover is not None else None,
+                on_master=self._on_master if failover is not None else None,
                 on_elected=failover.promote if failover is not None else None,
                 on_step_down=failover.step_down if failover is not None else None,
             )
@@ -351,6 +355,12 @@ class BrokerServer:
 
         failover = Failover(duties, replicator_for, cfg.data_dir, self._request_restart)
         return failover
+
+    def _on_master(self, info: BrokerInfo | None) -> None:
+        # Where the HTTP API redirects writes (the failover itself follows the TCP address).
+        self.master_http = info.http if info is not None else None
+        assert self.failover is not None
+        self.failover.on_master(info)
 
     def _adopt_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
         store = self.store

@@ -1,0 +1,181 @@
+"""``GET /v1/openapi.json``: the messaging API as an OpenAPI 3.1 document, generated from the
+msgspec types the endpoints decode and answer with (``types.py``), so the schema cannot drift
+from what the broker accepts; each operation has an ``operationId`` for client generators."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from txbroker import __version__
+from txbroker.server.http.problems import CONTENT_TYPE as PROBLEM
+from txbroker.server.http.problems import ProblemBody
+from txbroker.server.http.types import (
+    PrepareTransaction,
+    PublishBatch,
+    PublishMessage,
+    Receipt,
+    Receipts,
+    TxEndResponse,
+    TxPrepareResponse,
+)
+
+__all__ = ["PATH", "openapi_document", "openapi_route"]
+
+PATH: Final = "/v1/openapi.json"
+REF: Final = "#/components/schemas/{name}"
+_TYPES: Final = (
+    PublishMessage,
+    PublishBatch,
+    Receipt,
+    Receipts,
+    PrepareTransaction,
+    TxPrepareResponse,
+    TxEndResponse,
+    ProblemBody,
+)
+# The errors every operation may answer; each operation adds its own.
+_COMMON_ERRORS: Final = {
+    "400": "malformed JSON, an unknown field, a wrong type, bad base64",
+    "401": "a missing or wrong bearer token",
+    "403": "the token lacks the produce role on the topic",
+    "415": "a body that is not application/json",
+    "422": "a request the broker refuses as invalid (a key with a space, a reused key)",
+    "503": "not the group's master and no master known, or the store in trouble",
+}
+
+
+def _ref(t: type) -> dict[str, str]:
+    return {"$ref": REF.format(name=t.__name__)}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _operation(
+    op_id: str,
+    summary: str,
+    ok: tuple[str, str, dict[str, Any]],
+    errors: dict[str, str],
+    body: dict[str, Any] | None = None,
+    params: tuple[str, ...] = (),
+    headers: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
+    status, what, schema = ok
+    problems = {**_COMMON_ERRORS, **errors}
+    out: dict[str, Any] = {
+        "operationId": op_id,
+        "summary": summary,
+        "parameters": [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in params
+        ]
+        + [
+            {
+                "name": h,
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": why,
+            }
+            for h, why in headers
+        ],
+        "responses": {
+            status: {"description": what, **_json_body(schema)},
+            "307": {"description": "not the group's master: the same request at the master"},
+            **{
+                code: {
+                    "description": why,
+                    "content": {PROBLEM: {"schema": _ref(ProblemBody)}},
+                }
+                for code, why in sorted(problems.items())
+            },
+        },
+    }
+    if body is not None:
+        out["requestBody"] = {"required": True, **_json_body(body)}
+    return out
+
+
+def openapi_document() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(_TYPES, ref_template=REF)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "txbroker HTTP API",
+            "version": __version__,
+            "description": "Publishing and two-phase messages over HTTP (docs/http-api.md).",
+        },
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}, {}],
+        "paths": {
+            "/v1/topics/{topic}/messages": {
+                "post": _operation(
+                    "publishMessages",
+                    "Publish one message, or a batch all or nothing",
+                    (
+                        "201",
+                        "stored, as durable as the flush mode says",
+                        {"oneOf": [_ref(Receipt), _ref(Receipts)]},
+                    ),
+                    {
+                        "404": "no such topic",
+                        "409": "a request with this Idempotency-Key is still in flight",
+                        "413": "the request or a message over its limit",
+                    },
+                    body={"oneOf": [_ref(PublishMessage), _ref(PublishBatch)]},
+                    params=("topic",),
+                    headers=(("Idempotency-Key", "a single message's idempotency key"),),
+                )
+            },
+            "/v1/transactions": {
+                "post": _operation(
+                    "prepareTransaction",
+                    "Store a half message: invisible until committed, back-checked if neither "
+                    "decision comes in time",
+                    ("201", "the half message is stored", _ref(TxPrepareResponse)),
+                    {
+                        "404": "no such topic",
+                        "409": "a transaction with this tx_id exists or has ended",
+                        "413": "the message over its limit",
+                    },
+                    body=_ref(PrepareTransaction),
+                    headers=(("traceparent", "W3C trace context kept with the half message"),),
+                )
+            },
+            **{
+                f"/v1/transactions/{{tx_id}}/{decision}": {
+                    "post": _operation(
+                        f"{decision}Transaction",
+                        f"The producer's decision: {decision} (again: the same answer)",
+                        ("200", "decided", _ref(TxEndResponse)),
+                        {
+                            "404": "no such transaction",
+                            "409": "it ended the other way (state says how)",
+                        },
+                        params=("tx_id",),
+                    )
+                }
+                for decision in ("commit", "rollback")
+            },
+        },
+    }
+
+
+def openapi_route() -> Route:
+    """The document, made once (it depends on nothing but the types); public, like a
+    service's own API description, so a client generator needs no token."""
+    encoded = msgspec.json.encode(openapi_document())
+
+    async def endpoint(_: Request) -> Response:
+        return Response(encoded, media_type="application/json")
+
+    return Route(PATH, endpoint)
