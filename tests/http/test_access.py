@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import BrokerProcess
-from tests.http.conftest import DEAD_CHECK_URL, GROUP, make_topic, problem
+from tests.http.conftest import DEAD_CHECK_URL, GROUP, problem
 from tests.server.test_tls import Pki, _tls_flags, pki  # noqa: F401  # pki: the fixture
 from txbroker_sdk import Client
 
