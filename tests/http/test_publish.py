@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import httpx
 
@@ -126,3 +127,27 @@ async def test_a_delayed_message_answers_offset_minus_one(
         "/v1/topics/pub-delay/messages", json={"body": "later", "deliver_at_ms": at}
     )
     assert r.status_code == 201 and r.json()["offset"] == -1, r.text
+
+
+async def test_a_key_still_in_flight_is_409_and_a_slow_write_is_503(tmp_path: Path) -> None:
+    """A master with sync replication and no slave holds every write until the replication
+    timeout: meanwhile the same key is 409; then the first is 503 (stored on the master
+    only, so retry with the key) and the retry is its receipt."""
+    b = BrokerProcess(
+        tmp_path / "b", "--replication", "sync", "--replication-timeout-ms", "2000"
+    ).start()
+    try:
+        await make_topic(b, "pub-held")
+        url = "/v1/topics/pub-held/messages"
+        async with httpx.AsyncClient(base_url=b.http, timeout=30) as h:
+            key = {"Idempotency-Key": "held-1"}
+            first = asyncio.create_task(h.post(url, json={"body": "held"}, headers=key))
+            await asyncio.sleep(0.5)
+            second = await h.post(url, json={"body": "held"}, headers=key)
+            problem(second, 409, "IDEMPOTENCY_KEY_IN_FLIGHT")
+            r = problem(await first, 503, "REPLICATION_TIMEOUT")
+            assert "idempotency key" in str(r["detail"])
+            retry = await h.post(url, json={"body": "held"}, headers=key)
+            assert retry.status_code == 201 and retry.json()["duplicate"] is True, retry.text
+    finally:
+        assert b.stop() == 0
