@@ -83,6 +83,9 @@ async def test_publishing_needs_the_produce_role_on_the_topic(secured: BrokerPro
         for token in (CONSUMER, READER):
             p = problem(await h.post(url, json={"body": "x"}, headers=_bearer(token)), 403)
             assert "produce role on topic 'orders'" in str(p["detail"]), p
+            # Refused before the body is read: what it holds does not matter.
+            bad = {**_bearer(token), "content-type": "application/json"}
+            problem(await h.post(url, content=b"{", headers=bad), 403, "FORBIDDEN")
         p = problem(
             await h.post(
                 "/v1/topics/audit/messages", json={"body": "x"}, headers=_bearer(PRODUCER)

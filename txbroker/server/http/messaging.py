@@ -138,6 +138,9 @@ class Messaging:
 
     async def publish(self, request: Request) -> Response:
         topic = request.path_params["topic"]
+        # Every message goes to the path's topic: the role is checked before the body is read
+        # (a batch needs what a single send does, on the same topic).
+        self._access.check(principal(request), Opcode.SEND, SendRequest(topic, b""))
         raw = await _read_json(request)
         header_key = _idempotency_header(request)
         batch = _is_batch(raw)
@@ -156,11 +159,6 @@ class Messaging:
             if header_key is not None and m.idempotency_key not in (None, header_key):
                 raise BadRequest("the Idempotency-Key header and idempotency_key differ")
             reqs = [_send_request(topic, m, "body", header_key)]
-        who = principal(request)
-        if batch:
-            self._access.check(who, Opcode.SEND_BATCH, SendBatchRequest(reqs))
-        else:
-            self._access.check(who, Opcode.SEND, reqs[0])
         async with self._claimed(r.idempotency_key for r in reqs):
             await self._refuse_reused_keys(reqs)
             receipts = await self._publish(reqs, batch=batch)
