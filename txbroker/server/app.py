@@ -34,11 +34,12 @@ from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import Failover, MasterDuties
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_direct_handlers, build_handlers
-from txbroker.server.http import build_http_app
+from txbroker.server.http import build_http_app, tcp_requests
 from txbroker.server.longpoll import Notifier
 from txbroker.server.membership import Membership, MembershipSettings
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
+from txbroker.server.receipts import Receiver
 from txbroker.server.replication import ReplicaTracker
 from txbroker.server.replication import install as install_replication
 from txbroker.server.replicator import Replicator, replica_name
@@ -77,6 +78,7 @@ class BrokerServer:
             config.data_dir / "meta", session_timeout_ms=config.session_timeout_ms
         )
         self.consumer: ConsumerService | None = None
+        self.receiver: Receiver | None = None  # receiving by receipt (the HTTP API)
         self.scheduler: DelayScheduler | None = None
         self.tx: TxCoordinator | None = None
         self.checker: BackChecker | None = None
@@ -214,6 +216,8 @@ class BrokerServer:
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
         )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
+        self.receiver = Receiver(tcp_requests(handlers), self.topics)
+        self.receiver.start()
 
         def hello(_: Hello) -> HelloOk:
             return HelloOk(__version__, PROTOCOL_VERSION)
@@ -286,6 +290,7 @@ class BrokerServer:
             access=access,
             dedup_window_ms=cfg.dedup_window_ms,
             master_http=lambda: self.master_http,
+            receiver=self.receiver,
         )
         self._http = HttpServer(app, cfg.host, cfg.http_port, tls=tls)
         await self._http.start()
@@ -468,6 +473,8 @@ class BrokerServer:
             await asyncio.gather(self._housekeeping, return_exceptions=True)
         if self.admission is not None:
             await self.admission.stop()
+        if self.receiver is not None:
+            await self.receiver.stop()  # held receives answer now: the HTTP server stops sooner
         if self._http is not None:
             await self._http.stop()
         if self.metrics is not None:

@@ -18,8 +18,10 @@ from txbroker.server.http.admin import admin_routes
 from txbroker.server.http.messaging import Messaging, tcp_requests
 from txbroker.server.http.openapi import openapi_route
 from txbroker.server.http.problems import MethodNotAllowed, NotFound
+from txbroker.server.http.receiving import Receiving
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
+from txbroker.server.receipts import Receiver
 from txbroker.server.tokens import TokenTable
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
@@ -44,22 +46,29 @@ def build_http_app(
     access: Access | None = None,
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
     master_http: Callable[[], str | None] = lambda: None,
+    receiver: Receiver | None = None,
 ) -> Starlette:
     """The app; the messaging API is served when ``handlers`` (the TCP request handlers, see
     :func:`~txbroker.server.http.messaging.tcp_requests`) are given. ``extra_routes`` are
-    mounted beside it (the console, from above: the server does not import what it serves)."""
+    mounted beside it (the console, from above: the server does not import what it serves).
+    Receiving by receipt is served when ``receiver`` is given too."""
     table = access.tokens if access is not None else tokens or TokenTable()
     routes: list[BaseRoute] = [openapi_route()]
     if handlers is not None:
+        access = access or Access(
+            table, lambda tx_id: t.topic if tx and (t := tx.find(tx_id)) else None
+        )
         messaging = Messaging(
             tcp_requests(handlers),
-            access
-            or Access(table, lambda tx_id: t.topic if tx and (t := tx.find(tx_id)) else None),
+            access,
             store,
             dedup_window_ms=dedup_window_ms,
             master_http=master_http,
         )
         routes += messaging.routes(table)  # before the admin's /v1/transactions/{id}/{action}
+        if receiver is not None:
+            receiving = Receiving(receiver, access, master_http=master_http)
+            routes += receiving.routes(table)
     routes += admin_routes(
         store,
         topics,

@@ -76,7 +76,7 @@ from txbroker.store import (
 )
 from txbroker.tx.state import Decision
 
-__all__ = ["BODY_BYTES_MAX", "Messaging", "TcpRequest", "tcp_requests"]
+__all__ = ["BODY_BYTES_MAX", "Messaging", "TcpRequest", "redirecting", "tcp_requests"]
 
 # A request body is read up to this and refused past it: the TCP protocol's frame bound, which
 # holds a message of the largest body the store takes (4 MiB) even base64-encoded (5.4 MiB)
@@ -262,21 +262,27 @@ class Messaging:
     def _redirecting(
         self, fn: Callable[[Request], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
-        """``fn``, answered 307 to the master when this broker turns out not to be it."""
+        return redirecting(fn, self._master_http)
 
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await fn(request)
-            except NotMaster:
-                master = self._master_http()
-                if master is None:
-                    raise
-                url = master.rstrip("/") + request.url.path
-                if request.url.query:
-                    url += "?" + request.url.query
-                return RedirectResponse(url, 307)
 
-        return endpoint
+def redirecting(
+    fn: Callable[[Request], Awaitable[Response]], master_http: Callable[[], str | None]
+) -> Callable[[Request], Awaitable[Response]]:
+    """``fn``, answered 307 to the master when this broker turns out not to be it."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except NotMaster:
+            master = master_http()
+            if master is None:
+                raise
+            url = master.rstrip("/") + request.url.path
+            if request.url.query:
+                url += "?" + request.url.query
+            return RedirectResponse(url, 307)
+
+    return endpoint
 
 
 # --- decoding ---

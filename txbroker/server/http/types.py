@@ -10,14 +10,31 @@ from typing import Annotated, Literal
 import msgspec
 
 from txbroker.protocol.messages import TxEndResponse, TxPrepareResponse
+from txbroker.server.receipts import (
+    MAX_INVISIBLE_MS,
+    MAX_NACK_DELAY_MS,
+    MAX_RECEIPTS,
+    MAX_RECEIVE,
+    MAX_WAIT_MS,
+    MIN_INVISIBLE_MS,
+    RECEIPT_PATTERN,
+    Settled,
+)
 
 __all__ = [
     "Encoding",
+    "ExtendRequest",
+    "NackReceipts",
     "PrepareTransaction",
     "PublishBatch",
     "PublishMessage",
     "Receipt",
+    "ReceiptList",
     "Receipts",
+    "ReceiveRequest",
+    "ReceivedMessage",
+    "ReceivedMessages",
+    "Settled",
     "TxEndResponse",
     "TxPrepareResponse",
 ]
@@ -77,3 +94,78 @@ class PrepareTransaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     tags: str | None = None
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     timeout_ms: int | None = None
+
+
+# --- receiving ---
+
+InvisibleMs = Annotated[
+    int,
+    msgspec.Meta(
+        ge=MIN_INVISIBLE_MS,
+        le=MAX_INVISIBLE_MS,
+        description="how long the messages stay invisible to other receives unless acknowledged",
+    ),
+]
+ReceiptText = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=RECEIPT_PATTERN,
+        description="names one delivery of one message; valid until acked or delivered again",
+    ),
+]
+ReceiptTexts = Annotated[list[ReceiptText], msgspec.Meta(min_length=1, max_length=MAX_RECEIPTS)]
+
+
+class ReceiveRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/groups/{group}/topics/{topic}/receive``."""
+
+    max: Annotated[int, msgspec.Meta(ge=1, le=MAX_RECEIVE, description="messages at most")]
+    wait_ms: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=MAX_WAIT_MS, description="how long to wait when none is there"),
+    ]
+    invisible_ms: InvisibleMs
+
+
+class ReceivedMessage(msgspec.Struct, frozen=True):
+    """One message received. ``topic`` is the topic it was published to; ``queue`` and
+    ``offset`` say where this delivery was read: the topic's queue the first time, the group's
+    retry queue when it comes again. ``delivery_attempt``: 1 the first time."""
+
+    message_id: str
+    topic: str
+    queue: int
+    offset: int
+    key: str | None
+    tags: str | None
+    headers: dict[str, str]
+    body: Body
+    encoding: Encoding
+    receipt: str
+    delivery_attempt: int
+
+
+class ReceivedMessages(msgspec.Struct, frozen=True):
+    messages: list[ReceivedMessage]
+
+
+class ReceiptList(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``.../ack``: the receipts of the messages done with."""
+
+    receipts: ReceiptTexts
+
+
+class NackReceipts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``.../nack``: messages to deliver again after ``delay_ms`` (without it,
+    after the group's retry delay for the attempt), or to dead-letter past the maximum."""
+
+    receipts: ReceiptTexts
+    delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_NACK_DELAY_MS)] | None = None
+
+
+class ExtendRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``.../extend``: keep the messages invisible for ``invisible_ms`` from now;
+    their receipts do not change."""
+
+    receipts: ReceiptTexts
+    invisible_ms: InvisibleMs

@@ -1,0 +1,601 @@
+"""Receiving by receipt: the broker joins a consumer group on behalf of stateless clients.
+
+A client that receives over HTTP holds no connection and no read position. The first time one
+receives from a (group, topic), the broker joins the group as the member ``%http`` of the topic
+and of the group's retry topic, with the HEARTBEAT a TCP consumer sends, and reads the queues
+the group's allocation gives that member with the same PULL. TCP consumers of the group hold
+the other queues, so no message is read by both. Each message handed out gets a receipt and is
+remembered here while it is in flight; a queue's committed offset moves only up to the lowest
+offset still in flight, never past it. A restart forgets what was in flight, and the queue is
+read again from its committed offset: nothing un-acknowledged is lost.
+
+A message not acknowledged within its invisibility, or refused, goes back through the NACK an
+SDK consumer sends (``retry.py``): a copy with its reconsume count raised comes again through
+the group's retry topic, or, past the group's maximum, goes to its dead-letter topic.
+
+    receiver = Receiver(call, topics, session_timeout_ms=10_000)
+    receiver.start()
+    got = await receiver.receive("billing", "orders", max_messages=10, wait_ms=20_000,
+                                 invisible_ms=30_000)
+    await receiver.ack("billing", "orders", [r.receipt for r in got])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import heapq
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from txbroker.errors import InvalidArgument, InvalidName, NotFound, StaleGeneration, TxbError
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import (
+    AckRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaveRequest,
+    NackRequest,
+    PulledMessage,
+    PullRequest,
+    PullResponse,
+    QueuePosition,
+)
+from txbroker.protocol.names import validate_topic
+from txbroker.server.consumer import MAX_HOLD_MS, MAX_PULL_MESSAGES
+from txbroker.server.delay import LEVELS_MS, MAX_DELAY_MS
+from txbroker.server.groups import MAX_GROUP_NAME
+from txbroker.server.retry import retry_topic
+from txbroker.server.topics import TopicRegistry
+
+__all__ = [
+    "MAX_INVISIBLE_MS",
+    "MAX_RECEIPTS",
+    "MAX_RECEIVE",
+    "MAX_WAIT_MS",
+    "MEMBER_ID",
+    "MIN_INVISIBLE_MS",
+    "RECEIPT_PATTERN",
+    "Received",
+    "Receiver",
+    "Settled",
+]
+
+log = logging.getLogger(__name__)
+
+# The member id the broker joins groups under. A leading '%' cannot collide with a client's
+# member id (the SDK's are hex) and sorts first, so the broker's share of a group's queues is
+# the first run of them.
+MEMBER_ID: Final = "%http"
+MAX_RECEIVE: Final = MAX_PULL_MESSAGES  # messages one receive returns, as one PULL
+MAX_WAIT_MS: Final = MAX_HOLD_MS  # a receive long-polls as long as a PULL may
+MAX_RECEIPTS: Final = MAX_PULL_MESSAGES  # receipts in one ack, nack or extend: one receive's
+# The scheduler's smallest delay level: a redelivery cannot come sooner than it anyway.
+MIN_INVISIBLE_MS: Final = LEVELS_MS[0]
+# 12 h, RocketMQ's longest invisible duration: longer, and a lost client holds its messages
+# (and its queue's committed offset) for half a day.
+MAX_INVISIBLE_MS: Final = 12 * 3_600_000
+MAX_NACK_DELAY_MS: Final = MAX_DELAY_MS
+# What the sweeper waits between looks at invisibility deadlines: a redelivery comes at most
+# this late, on top of the scheduler's 100 ms level.
+SWEEP_S: Final = 0.05
+# How often the broker's memberships are renewed (and a failed hand-back retried): a tenth of
+# the default 10 s session, so a rebalance is learnt within a second.
+RENEW_S: Final = 1.0
+# A (group, topic) nobody received from for this long, with nothing in flight, is left: its
+# queues go back to the group's TCP consumers. Long enough that a client receiving between units
+# of work keeps its queues rather than rebalance the group at every pause.
+IDLE_S: Final = 30.0
+
+# A receipt names the source (m: the path's topic, r: the group's retry topic), the queue, the
+# offset and the delivery (a random nonce, so a later delivery of the same offset after a
+# restart or a rebalance does not take an earlier delivery's receipt).
+RECEIPT_PATTERN: Final = r"^[mr]\.[0-9]{1,5}\.[0-9]{1,19}\.[0-9a-f]{16}$"
+_RECEIPT: Final = re.compile(RECEIPT_PATTERN)
+NONCE_BYTES: Final = 8
+assert len(secrets.token_hex(NONCE_BYTES)) == 16, "RECEIPT_PATTERN's nonce width"
+
+BrokerCall = Callable[[int, Any], Awaitable[Any]]
+
+
+class State(enum.Enum):
+    """A delivery's states: handed out, invisible (its receipt acks, nacks or extends it), then
+    gone once acknowledged, or handed back (its receipt stale from then on) and gone once the
+    NACK's copy is written."""
+
+    INVISIBLE = "invisible"
+    HANDING_BACK = "handing back"
+
+
+_MOVES: Final = {State.INVISIBLE: {State.HANDING_BACK}, State.HANDING_BACK: set[State]()}
+
+
+@dataclass(slots=True)
+class _Delivery:
+    receipt: str
+    deadline: float  # monotonic; past it, the message is handed back
+    state: State = State.INVISIBLE
+    delay_ms: int = 0  # handing back: when the copy is due (-1: the group's retry ladder)
+    busy: bool = False  # a NACK for it is being answered: never two at once (one copy)
+
+    def move(self, to: State) -> None:
+        assert to in _MOVES[self.state], f"delivery {self.receipt}: {self.state} -> {to}"
+        self.state = to
+
+
+@dataclass(slots=True)
+class _Source:
+    """One topic a (group, topic) is read from: the topic, or the group's retry topic."""
+
+    kind: str  # "m" or "r", as in receipts
+    topic: str
+    generation: int = 0
+    queues: list[int] = field(default_factory=list)
+    next: dict[int, int] = field(default_factory=dict)  # queue -> next offset to read
+    flight: dict[int, dict[int, _Delivery]] = field(default_factory=dict)  # queue -> offset ->
+    dirty: set[int] = field(default_factory=set)  # queues whose commit may move
+
+    def drop(self, queue: int) -> None:
+        """Forget a queue taken away: its new owner reads it from the committed offset, so
+        what was in flight here is delivered again there and its receipts are stale."""
+        self.next.pop(queue, None)
+        self.flight.pop(queue, None)
+        self.dirty.discard(queue)
+
+    def commit_offset(self, queue: int) -> int | None:
+        flying = self.flight.get(queue)
+        if flying:
+            return min(flying)
+        return self.next.get(queue)
+
+
+@dataclass(slots=True)
+class _Lane:
+    group: str
+    topic: str
+    sources: dict[str, _Source]
+    seen: float  # monotonic time of the last receive
+    reading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read at a time
+
+    def in_flight(self) -> int:
+        return sum(len(o) for s in self.sources.values() for o in s.flight.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message handed out, with its receipt and how many times it was delivered."""
+
+    message: PulledMessage
+    receipt: str
+
+    @property
+    def delivery_attempt(self) -> int:
+        return self.message.reconsume_count + 1
+
+
+class Settled(msgspec.Struct, frozen=True):
+    """What an ack, nack or extend did: ``applied`` to the receipts of messages in flight;
+    ``stale``: receipts that name no message in flight here any more (acknowledged before,
+    handed back, or taken by a rebalance or a restart). Not an error: acknowledging is
+    idempotent."""
+
+    applied: list[str]
+    stale: list[str]
+
+
+class Receiver:
+    """The in-flight table of every (group, topic) received from, and the task that hands
+    back what was not acknowledged in time and keeps the broker's memberships current.
+
+    ``call`` is the broker's request path (the TCP handler of an opcode): joining, reading,
+    committing and handing back go through the same consumer service and retry service a TCP
+    consumer's requests do, and a slave refuses them the same way."""
+
+    def __init__(self, call: BrokerCall, topics: TopicRegistry) -> None:
+        self._call = call
+        self._topics = topics
+        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._deadlines: list[tuple[float, int, str, str, str, int, int, str]] = []
+        self._seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._handing_back: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._sweep(), name="txb-receipts")
+
+    async def stop(self) -> None:
+        """Answer held receives now (empty) and stop handing back: what is in flight stays
+        un-committed, so the next start delivers it again."""
+        self._stopping.set()
+        tasks = [t for t in (self._task, *self._handing_back) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- the client's requests ---
+
+    async def receive(
+        self, group: str, topic: str, *, max_messages: int, wait_ms: int, invisible_ms: int
+    ) -> list[Received]:
+        """Up to ``max_messages`` from the broker's queues of the topic and the group's retry
+        topic, long-polling up to ``wait_ms``; each invisible to other receives for
+        ``invisible_ms``."""
+        _bounded("max", max_messages, 1, MAX_RECEIVE)
+        _bounded("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        _bounded("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+        lane = await self._lane(group, topic)
+        deadline = time.monotonic() + wait_ms / 1000
+        async with lane.reading:
+            try:
+                while True:
+                    out = await self._read(lane, max_messages, deadline, invisible_ms)
+                    if out or time.monotonic() >= deadline or self._stopping.is_set():
+                        return out
+            finally:
+                lane.seen = time.monotonic()
+
+    async def ack(self, group: str, topic: str, receipts: Sequence[str]) -> Settled:
+        lane = self._known(group, topic)
+        applied, stale = [], []
+        touched: dict[str, _Source] = {}
+        for receipt in receipts:
+            found = self._find(lane, receipt)
+            if found is None:
+                stale.append(receipt)
+                continue
+            source, queue, offset, _ = found
+            del source.flight[queue][offset]
+            source.dirty.add(queue)
+            touched[source.kind] = source
+            applied.append(receipt)
+        for source in touched.values():
+            assert lane is not None
+            await self._commit(lane, source)
+        return Settled(applied, stale)
+
+    async def nack(
+        self, group: str, topic: str, receipts: Sequence[str], delay_ms: int | None
+    ) -> Settled:
+        """Hand the messages back now: each comes again after ``delay_ms`` (None: the group's
+        retry ladder), or goes to the dead-letter topic past the group's maximum."""
+        if delay_ms is not None:
+            _bounded("delay_ms", delay_ms, 0, MAX_NACK_DELAY_MS)
+        lane = self._known(group, topic)
+        applied, stale = [], []
+        backs = []
+        for receipt in receipts:
+            found = self._find(lane, receipt)
+            if found is None:
+                stale.append(receipt)
+                continue
+            source, queue, offset, delivery = found
+            assert lane is not None
+            delivery.move(State.HANDING_BACK)
+            delivery.delay_ms = -1 if delay_ms is None else delay_ms
+            backs.append(self._hand_back(lane, source, queue, offset))
+            applied.append(receipt)
+        await asyncio.gather(*backs)
+        return Settled(applied, stale)
+
+    def extend(self, group: str, topic: str, receipts: Sequence[str], invisible_ms: int) -> Settled:
+        """Keep the messages invisible for ``invisible_ms`` from now; their receipts stay."""
+        _bounded("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+        lane = self._known(group, topic)
+        applied, stale = [], []
+        deadline = time.monotonic() + invisible_ms / 1000
+        for receipt in receipts:
+            found = self._find(lane, receipt)
+            if found is None:
+                stale.append(receipt)
+                continue
+            source, queue, offset, delivery = found
+            assert lane is not None
+            delivery.deadline = deadline
+            self._schedule(lane, source, queue, offset, delivery)
+            applied.append(receipt)
+        return Settled(applied, stale)
+
+    # --- joining and reading ---
+
+    async def _lane(self, group: str, topic: str) -> _Lane:
+        _check_names(group, topic)
+        key = (group, topic)
+        lane = self._lanes.get(key)
+        if lane is None:
+            sources = {"m": _Source("m", topic), "r": _Source("r", retry_topic(group))}
+            lane = _Lane(group, topic, sources, time.monotonic())
+            for source in sources.values():
+                await self._join(lane, source)
+            # A broker that may not commit the group's offsets (a slave) must not hand out
+            # what it could never acknowledge: an empty commit asks it, and it refuses.
+            await self._call(
+                Opcode.ACK, AckRequest(group, topic, MEMBER_ID, sources["m"].generation, [])
+            )
+            lane = self._lanes.setdefault(key, lane)
+        lane.seen = time.monotonic()
+        return lane
+
+    def _known(self, group: str, topic: str) -> _Lane | None:
+        """The lane an acknowledgement is for; None when nothing was received from it here
+        (every receipt is then stale), after the names are checked as a receive checks them."""
+        _check_names(group, topic)
+        self._topics.get(topic)
+        return self._lanes.get((group, topic))
+
+    async def _join(self, lane: _Lane, source: _Source) -> None:
+        """Heartbeat as the broker's member; forget queues the group gave to others."""
+        answer = await self._call(
+            Opcode.HEARTBEAT, HeartbeatRequest(lane.group, source.topic, MEMBER_ID)
+        )
+        assert isinstance(answer, HeartbeatResponse)
+        kept = set(answer.queues)
+        for queue in set(source.queues) | set(source.next) | set(source.flight):
+            if queue not in kept:
+                source.drop(queue)
+        source.generation, source.queues = answer.generation, list(answer.queues)
+
+    async def _read(
+        self, lane: _Lane, max_messages: int, deadline: float, invisible_ms: int
+    ) -> list[Received]:
+        """What both sources hold now; if nothing, a PULL of each held at once until the
+        first answers with messages or the wait ends. The others are cancelled, which loses
+        nothing: a PULL keeps no state, and the positions move only here."""
+        out = await self._pulls(lane, max_messages, 0, invisible_ms, race=False)
+        hold_ms = int((deadline - time.monotonic()) * 1000)
+        if out or hold_ms <= 0:
+            return out
+        return await self._pulls(lane, max_messages, hold_ms, invisible_ms, race=True)
+
+    async def _pulls(
+        self, lane: _Lane, max_messages: int, hold_ms: int, invisible_ms: int, *, race: bool
+    ) -> list[Received]:
+        sources = list(lane.sources.values())
+        pulls = [asyncio.create_task(self._pull(lane, s, max_messages, hold_ms)) for s in sources]
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait(
+                [*pulls, stop] if race else pulls,
+                return_when=asyncio.FIRST_COMPLETED if race else asyncio.ALL_COMPLETED,
+            )
+        finally:
+            for t in [*pulls, stop]:
+                t.cancel()
+            await asyncio.gather(*pulls, stop, return_exceptions=True)
+        out: list[Received] = []
+        invisible_until = time.monotonic() + invisible_ms / 1000
+        for source, pull in zip(sources, pulls, strict=True):
+            if pull.cancelled():
+                continue
+            error = pull.exception()
+            if error is not None:
+                raise error
+            answer = pull.result()
+            if answer is not None:
+                out += self._deliver(lane, source, answer, max_messages - len(out), invisible_until)
+        return out
+
+    async def _pull(
+        self, lane: _Lane, source: _Source, max_messages: int, hold_ms: int
+    ) -> PullResponse | None:
+        generation = source.generation
+        positions = [QueuePosition(q, o) for q, o in source.next.items() if q in source.queues]
+        req = PullRequest(
+            lane.group,
+            source.topic,
+            MEMBER_ID,
+            generation,
+            max_messages,
+            hold_ms,
+            positions=positions,
+        )
+        try:
+            answer = await self._call(Opcode.PULL, req)
+        except StaleGeneration:
+            await self._join(lane, source)
+            return None
+        assert isinstance(answer, PullResponse)
+        return answer if generation == source.generation else None
+
+    def _deliver(
+        self, lane: _Lane, source: _Source, answer: PullResponse, room: int, until: float
+    ) -> list[Received]:
+        """Remember what was read as in flight and move the positions past it; a message past
+        ``room`` is not taken, and its queue's position stays at it."""
+        nexts = {p.queue_id: p.offset for p in answer.next_offsets}
+        out: list[Received] = []
+        for m in answer.messages:
+            q, offset = m.queue_id, m.queue_offset
+            if q not in source.queues:
+                continue
+            if len(out) >= room:
+                nexts[q] = min(nexts.get(q, offset), offset)
+                continue
+            receipt = f"{source.kind}.{q}.{offset}.{secrets.token_hex(NONCE_BYTES)}"
+            delivery = _Delivery(receipt, until)
+            source.flight.setdefault(q, {})[offset] = delivery
+            self._schedule(lane, source, q, offset, delivery)
+            out.append(Received(m, receipt))
+        for q, offset in nexts.items():
+            if q in source.queues:
+                source.next[q] = offset
+        return out
+
+    def _find(self, lane: _Lane | None, receipt: str) -> tuple[_Source, int, int, _Delivery] | None:
+        """The delivery ``receipt`` names, if it is in flight and invisible."""
+        if _RECEIPT.fullmatch(receipt) is None:
+            raise InvalidArgument(f"{receipt!r} is not a receipt this broker gave")
+        if lane is None:
+            return None
+        kind, queue, offset, _ = receipt.split(".")
+        source = lane.sources[kind]
+        delivery = source.flight.get(int(queue), {}).get(int(offset))
+        if delivery is None or delivery.receipt != receipt or delivery.state is not State.INVISIBLE:
+            return None
+        return source, int(queue), int(offset), delivery
+
+    # --- committing and handing back ---
+
+    async def _commit(self, lane: _Lane, source: _Source) -> None:
+        """Commit each changed queue up to its lowest offset in flight (or its read position)."""
+        positions = []
+        for q in sorted(source.dirty):
+            offset = source.commit_offset(q)
+            if offset is not None and q in source.queues:
+                positions.append(QueuePosition(q, offset))
+        source.dirty.clear()
+        if not positions:
+            return
+        req = AckRequest(lane.group, source.topic, MEMBER_ID, source.generation, positions)
+        try:
+            await self._call(Opcode.ACK, req)
+        except StaleGeneration:
+            await self._join(lane, source)  # the queues kept are committed by the next change
+            source.dirty.update(p.queue_id for p in positions if p.queue_id in source.queues)
+
+    async def _hand_back(self, lane: _Lane, source: _Source, queue: int, offset: int) -> None:
+        """NACK a delivery being handed back; once its copy is written it is no longer in
+        flight. A failure leaves it handing back, for the sweeper to try again."""
+        delivery = source.flight.get(queue, {}).get(offset)
+        if delivery is None or delivery.state is not State.HANDING_BACK or delivery.busy:
+            return
+        delay = None if delivery.delay_ms < 0 else delivery.delay_ms
+        req = NackRequest(
+            lane.group, source.topic, MEMBER_ID, source.generation, queue, offset, delay
+        )
+        delivery.busy = True
+        try:
+            await self._call(Opcode.NACK, req)
+        except StaleGeneration:
+            await self._join(lane, source)  # a queue taken away was dropped with its deliveries
+            return
+        except NotFound:
+            pass  # the message is gone (its topic deleted, or retention): nothing to hand back
+        except TxbError as e:
+            log.warning(
+                "cannot hand back %s/%d/%d for group %s: %s; retrying",
+                source.topic,
+                queue,
+                offset,
+                lane.group,
+                e,
+            )
+            return
+        finally:
+            delivery.busy = False
+        flying = source.flight.get(queue, {})
+        if flying.get(offset) is delivery:
+            del flying[offset]
+            source.dirty.add(queue)
+            await self._commit(lane, source)
+
+    def _schedule(
+        self, lane: _Lane, source: _Source, queue: int, offset: int, delivery: _Delivery
+    ) -> None:
+        self._seq += 1
+        entry = (
+            delivery.deadline,
+            self._seq,
+            lane.group,
+            lane.topic,
+            source.kind,
+            queue,
+            offset,
+            delivery.receipt,
+        )
+        heapq.heappush(self._deadlines, entry)
+
+    # --- the sweeper ---
+
+    async def _sweep(self) -> None:
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                self._expire(time.monotonic())
+                if time.monotonic() - renewed >= RENEW_S:
+                    renewed = time.monotonic()
+                    await self._renew()
+            except Exception:  # the next round tries again; the log says why
+                log.exception("receipts: sweeping failed")
+
+    def _expire(self, now: float) -> None:
+        """Hand back every delivery whose invisibility ended, at once (no retry delay)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, group, topic, kind, queue, offset, receipt = heapq.heappop(self._deadlines)
+            lane = self._lanes.get((group, topic))
+            if lane is None:
+                continue
+            source = lane.sources[kind]
+            delivery = source.flight.get(queue, {}).get(offset)
+            if (
+                delivery is None
+                or delivery.receipt != receipt
+                or delivery.deadline != deadline
+                or delivery.state is not State.INVISIBLE
+            ):
+                continue  # acknowledged, extended or handed back since
+            delivery.move(State.HANDING_BACK)
+            delivery.delay_ms = 0
+            self._spawn(self._hand_back(lane, source, queue, offset))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._handing_back.add(task)
+        task.add_done_callback(self._handing_back.discard)
+
+    async def _renew(self) -> None:
+        """Renew the broker's memberships; retry hand-backs that failed; leave a (group,
+        topic) idle with nothing in flight, so its queues go back to the group's consumers."""
+        now = time.monotonic()
+        for key, lane in list(self._lanes.items()):
+            idle = now - lane.seen > IDLE_S and not lane.reading.locked()
+            if idle and lane.in_flight() == 0:
+                del self._lanes[key]
+                for source in lane.sources.values():
+                    with contextlib.suppress(TxbError):
+                        await self._call(
+                            Opcode.LEAVE, LeaveRequest(lane.group, source.topic, MEMBER_ID)
+                        )
+                continue
+            for source in lane.sources.values():
+                try:
+                    await self._join(lane, source)
+                except NotFound:
+                    # The topic was deleted: what was in flight went with it.
+                    self._lanes.pop(key, None)
+                    break
+                except TxbError as e:
+                    log.warning("receipts: cannot renew %s of %s: %s", source.topic, lane.group, e)
+                    continue
+                for queue, flying in list(source.flight.items()):
+                    for offset, d in list(flying.items()):
+                        if d.state is State.HANDING_BACK and not d.busy:
+                            self._spawn(self._hand_back(lane, source, queue, offset))
+
+
+def _bounded(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise InvalidArgument(f"{name} must be {low}..{high}, not {value}")
+
+
+def _check_names(group: str, topic: str) -> None:
+    """The group as HEARTBEAT checks it; the topic a user topic (a group's retries come with
+    every topic it receives from, so its retry topic is not received from by name)."""
+    validate_topic(group, allow_system=False)
+    if len(group) > MAX_GROUP_NAME:
+        raise InvalidArgument(
+            f"group name is {len(group)} characters; the limit is {MAX_GROUP_NAME}"
+        )
+    if topic.startswith("%"):
+        raise InvalidName(f"topic {topic!r} is internal to the broker")
