@@ -35,9 +35,13 @@ async def test_the_document_describes_every_endpoint(
         ("/v1/transactions", "post"),
         ("/v1/transactions/{tx_id}/commit", "post"),
         ("/v1/transactions/{tx_id}/rollback", "post"),
+        *(
+            (f"/v1/groups/{{group}}/topics/{{topic}}/{action}", "post")
+            for action in ("receive", "ack", "nack", "extend")
+        ),
     }
     ids = [op["operationId"] for op in ops.values()]
-    assert len(set(ids)) == len(ids) == 4
+    assert len(set(ids)) == len(ids) == 8
     schemas = doc["components"]["schemas"]
     for ref in _refs(doc):
         assert ref.startswith("#/components/schemas/") and ref.split("/")[-1] in schemas
@@ -46,5 +50,14 @@ async def test_the_document_describes_every_endpoint(
     assert schemas["PublishMessage"]["required"] == ["body"]
     assert schemas["PrepareTransaction"]["additionalProperties"] is False
     assert set(schemas["TxEndResponse"]["required"]) >= {"tx_id", "state"}
+    # Receiving's bounds are in the schema, so a client learns them from it.
+    receive = schemas["ReceiveRequest"]
+    assert receive["additionalProperties"] is False
+    assert set(receive["required"]) == {"max", "wait_ms", "invisible_ms"}
+    assert (receive["properties"]["max"]["minimum"], receive["properties"]["max"]["maximum"]) == (
+        1,
+        1024,
+    )
+    assert "pattern" in schemas["ReceiptList"]["properties"]["receipts"]["items"]
     for op in ops.values():
         assert "application/problem+json" in op["responses"]["401"]["content"]

@@ -241,6 +241,42 @@ async def test_expiry_counts_toward_the_retry_limit(
     assert [d.message_id for d in dlq.messages] == [m["message_id"]]
 
 
+async def test_concurrent_receives_never_share_a_message(
+    rb: BrokerProcess, h: httpx.AsyncClient
+) -> None:
+    await make_topic(rb, "recv-race", queues=2)
+    await receive(h, "racers", "recv-race")
+    bodies = [f"m{i}" for i in range(30)]
+    got: list[str] = []
+
+    async def receiver() -> None:
+        for _ in range(10):
+            batch = await receive(h, "racers", "recv-race", max=3, wait_ms=300)
+            got.extend(m["body"] for m in batch)
+            if batch:
+                await settle(h, "racers", "recv-race", "ack", [m["receipt"] for m in batch])
+
+    async def publisher() -> None:
+        await publish(h, "recv-race", *bodies)
+
+    await asyncio.gather(publisher(), *(receiver() for _ in range(4)))
+    assert sorted(got) == sorted(bodies)
+
+
+async def test_a_retry_comes_back_to_its_own_topic(rb: BrokerProcess, h: httpx.AsyncClient) -> None:
+    """A group's retry topic holds every topic's retries: each goes to its own topic's
+    receivers, never to another topic's (whose token may not consume it)."""
+    await make_topic(rb, "recv-left", queues=1)
+    await make_topic(rb, "recv-right", queues=1)
+    await publish(h, "recv-right", "right")
+    [m] = await receive_n(h, "two-topics", "recv-right", 1)
+    await settle(h, "two-topics", "recv-right", "nack", [m["receipt"]], delay_ms=0)
+    assert await receive(h, "two-topics", "recv-left", wait_ms=1500) == []
+    [again] = await receive_n(h, "two-topics", "recv-right", 1)
+    assert (again["body"], again["topic"], again["delivery_attempt"]) == ("right", "recv-right", 2)
+    await settle(h, "two-topics", "recv-right", "ack", [again["receipt"]])
+
+
 async def test_a_tcp_consumer_and_an_http_receiver_share_the_group(
     rb: BrokerProcess, h: httpx.AsyncClient
 ) -> None:

@@ -107,22 +107,29 @@ BrokerCall = Callable[[int, Any], Awaitable[Any]]
 
 
 class State(enum.Enum):
-    """A delivery's states: handed out, invisible (its receipt acks, nacks or extends it), then
-    gone once acknowledged, or handed back (its receipt stale from then on) and gone once the
-    NACK's copy is written."""
+    """A delivery's states. INVISIBLE: handed out; its receipt acks (gone), nacks or extends
+    it. HANDING_BACK: not acked in time, or nacked; its receipt is stale, and it is gone once
+    the NACK's copy is written. WAITING: a retry copy read for the receivers of another of the
+    group's topics, kept until a receiver of its own topic takes it."""
 
+    WAITING = "waiting"
     INVISIBLE = "invisible"
     HANDING_BACK = "handing back"
 
 
-_MOVES: Final = {State.INVISIBLE: {State.HANDING_BACK}, State.HANDING_BACK: set[State]()}
+_MOVES: Final = {
+    State.WAITING: {State.INVISIBLE},
+    State.INVISIBLE: {State.HANDING_BACK},
+    State.HANDING_BACK: set[State](),
+}
 
 
 @dataclass(slots=True)
 class _Delivery:
-    receipt: str
-    deadline: float  # monotonic; past it, the message is handed back
-    state: State = State.INVISIBLE
+    message: PulledMessage
+    state: State
+    receipt: str = ""
+    deadline: float = 0.0  # monotonic; past it, an invisible message is handed back
     delay_ms: int = 0  # handing back: when the copy is due (-1: the group's retry ladder)
     busy: bool = False  # a NACK for it is being answered: never two at once (one copy)
 
@@ -133,7 +140,8 @@ class _Delivery:
 
 @dataclass(slots=True)
 class _Source:
-    """One topic a (group, topic) is read from: the topic, or the group's retry topic."""
+    """A topic the broker reads as a member of a group: a topic received from, or the group's
+    retry topic (one per group, shared by the group's topics)."""
 
     kind: str  # "m" or "r", as in receipts
     topic: str
@@ -156,17 +164,27 @@ class _Source:
             return min(flying)
         return self.next.get(queue)
 
+    def handed_out(self) -> int:
+        """Deliveries a client holds or that are being handed back (not WAITING ones, which
+        a rebalance or a restart delivers again from the committed offset)."""
+        return sum(
+            d.state is not State.WAITING for flying in self.flight.values() for d in flying.values()
+        )
+
 
 @dataclass(slots=True)
 class _Lane:
-    group: str
-    topic: str
-    sources: dict[str, _Source]
-    seen: float  # monotonic time of the last receive
-    reading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read at a time
+    """A (group, topic) received from: its topic as a source; the group's retry topic is the
+    group's, in :attr:`Receiver._retries`."""
 
-    def in_flight(self) -> int:
-        return sum(len(o) for s in self.sources.values() for o in s.flight.values())
+    group: str
+    main: _Source
+    seen: float  # monotonic time of the last receive
+    receiving: int = 0  # receives running now
+
+    @property
+    def topic(self) -> str:
+        return self.main.topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +209,11 @@ class Settled(msgspec.Struct, frozen=True):
     stale: list[str]
 
 
+# An invisibility deadline: (deadline, sequence, group, source kind, source topic, queue,
+# offset, receipt); checked against the delivery when it comes up (extended or acked since).
+_Deadline = tuple[float, int, str, str, str, int, int, str]
+
+
 class Receiver:
     """The in-flight table of every (group, topic) received from, and the task that hands
     back what was not acknowledged in time and keeps the broker's memberships current.
@@ -203,7 +226,8 @@ class Receiver:
         self._call = call
         self._topics = topics
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._deadlines: list[tuple[float, int, str, str, str, int, int, str]] = []
+        self._retries: dict[str, _Source] = {}  # group -> its retry topic, read for all lanes
+        self._deadlines: list[_Deadline] = []
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -236,21 +260,25 @@ class Receiver:
         _bounded("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         lane = await self._lane(group, topic)
         deadline = time.monotonic() + wait_ms / 1000
-        async with lane.reading:
-            try:
-                while True:
+        lane.receiving += 1
+        try:
+            while True:
+                until = time.monotonic() + invisible_ms / 1000
+                out = self._take_waiting(lane, max_messages, until)
+                if not out:
                     out = await self._read(lane, max_messages, deadline, invisible_ms)
-                    if out or time.monotonic() >= deadline or self._stopping.is_set():
-                        return out
-            finally:
-                lane.seen = time.monotonic()
+                if out or time.monotonic() >= deadline or self._stopping.is_set():
+                    return out
+        finally:
+            lane.receiving -= 1
+            lane.seen = time.monotonic()
 
     async def ack(self, group: str, topic: str, receipts: Sequence[str]) -> Settled:
-        lane = self._known(group, topic)
+        self._check(group, topic)
         applied, stale = [], []
         touched: dict[str, _Source] = {}
         for receipt in receipts:
-            found = self._find(lane, receipt)
+            found = self._find(group, topic, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
@@ -260,8 +288,7 @@ class Receiver:
             touched[source.kind] = source
             applied.append(receipt)
         for source in touched.values():
-            assert lane is not None
-            await self._commit(lane, source)
+            await self._commit(group, source)
         return Settled(applied, stale)
 
     async def nack(
@@ -271,19 +298,18 @@ class Receiver:
         retry ladder), or goes to the dead-letter topic past the group's maximum."""
         if delay_ms is not None:
             _bounded("delay_ms", delay_ms, 0, MAX_NACK_DELAY_MS)
-        lane = self._known(group, topic)
+        self._check(group, topic)
         applied, stale = [], []
         backs = []
         for receipt in receipts:
-            found = self._find(lane, receipt)
+            found = self._find(group, topic, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
             source, queue, offset, delivery = found
-            assert lane is not None
             delivery.move(State.HANDING_BACK)
             delivery.delay_ms = -1 if delay_ms is None else delay_ms
-            backs.append(self._hand_back(lane, source, queue, offset))
+            backs.append(self._hand_back(group, source, queue, offset))
             applied.append(receipt)
         await asyncio.gather(*backs)
         return Settled(applied, stale)
@@ -291,18 +317,17 @@ class Receiver:
     def extend(self, group: str, topic: str, receipts: Sequence[str], invisible_ms: int) -> Settled:
         """Keep the messages invisible for ``invisible_ms`` from now; their receipts stay."""
         _bounded("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
-        lane = self._known(group, topic)
+        self._check(group, topic)
         applied, stale = [], []
         deadline = time.monotonic() + invisible_ms / 1000
         for receipt in receipts:
-            found = self._find(lane, receipt)
+            found = self._find(group, topic, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
             source, queue, offset, delivery = found
-            assert lane is not None
             delivery.deadline = deadline
-            self._schedule(lane, source, queue, offset, delivery)
+            self._schedule(group, source, queue, offset, delivery)
             applied.append(receipt)
         return Settled(applied, stale)
 
@@ -310,33 +335,32 @@ class Receiver:
 
     async def _lane(self, group: str, topic: str) -> _Lane:
         _check_names(group, topic)
-        key = (group, topic)
-        lane = self._lanes.get(key)
+        lane = self._lanes.get((group, topic))
         if lane is None:
-            sources = {"m": _Source("m", topic), "r": _Source("r", retry_topic(group))}
-            lane = _Lane(group, topic, sources, time.monotonic())
-            for source in sources.values():
-                await self._join(lane, source)
+            lane = _Lane(group, _Source("m", topic), time.monotonic())
+            await self._join(group, lane.main)  # first: it makes the group's retry topic
             # A broker that may not commit the group's offsets (a slave) must not hand out
             # what it could never acknowledge: an empty commit asks it, and it refuses.
             await self._call(
-                Opcode.ACK, AckRequest(group, topic, MEMBER_ID, sources["m"].generation, [])
+                Opcode.ACK, AckRequest(group, topic, MEMBER_ID, lane.main.generation, [])
             )
-            lane = self._lanes.setdefault(key, lane)
+            lane = self._lanes.setdefault((group, topic), lane)
+        if group not in self._retries:
+            retries = _Source("r", retry_topic(group))
+            await self._join(group, retries)
+            self._retries.setdefault(group, retries)
         lane.seen = time.monotonic()
         return lane
 
-    def _known(self, group: str, topic: str) -> _Lane | None:
-        """The lane an acknowledgement is for; None when nothing was received from it here
-        (every receipt is then stale), after the names are checked as a receive checks them."""
+    def _check(self, group: str, topic: str) -> None:
+        """The names an acknowledgement comes with, checked as a receive checks them."""
         _check_names(group, topic)
         self._topics.get(topic)
-        return self._lanes.get((group, topic))
 
-    async def _join(self, lane: _Lane, source: _Source) -> None:
+    async def _join(self, group: str, source: _Source) -> None:
         """Heartbeat as the broker's member; forget queues the group gave to others."""
         answer = await self._call(
-            Opcode.HEARTBEAT, HeartbeatRequest(lane.group, source.topic, MEMBER_ID)
+            Opcode.HEARTBEAT, HeartbeatRequest(group, source.topic, MEMBER_ID)
         )
         assert isinstance(answer, HeartbeatResponse)
         kept = set(answer.queues)
@@ -345,12 +369,26 @@ class Receiver:
                 source.drop(queue)
         source.generation, source.queues = answer.generation, list(answer.queues)
 
+    def _take_waiting(self, lane: _Lane, room: int, until: float) -> list[Received]:
+        """Retry copies of the lane's topic read earlier for another topic's receivers."""
+        retries = self._retries.get(lane.group)
+        out: list[Received] = []
+        if retries is None:
+            return out
+        for queue, flying in retries.flight.items():
+            for offset, d in sorted(flying.items()):
+                if len(out) >= room:
+                    return out
+                if d.state is State.WAITING and d.message.topic == lane.topic:
+                    out.append(self._hand_out(lane.group, retries, queue, offset, d, until))
+        return out
+
     async def _read(
         self, lane: _Lane, max_messages: int, deadline: float, invisible_ms: int
     ) -> list[Received]:
-        """What both sources hold now; if nothing, a PULL of each held at once until the
-        first answers with messages or the wait ends. The others are cancelled, which loses
-        nothing: a PULL keeps no state, and the positions move only here."""
+        """What the topic and the group's retry topic hold now; if nothing, a PULL of each held
+        at once until the first answers with messages or the wait ends. The others are
+        cancelled, which loses nothing: a PULL keeps no state, and positions move only here."""
         out = await self._pulls(lane, max_messages, 0, invisible_ms, race=False)
         hold_ms = int((deadline - time.monotonic()) * 1000)
         if out or hold_ms <= 0:
@@ -360,8 +398,10 @@ class Receiver:
     async def _pulls(
         self, lane: _Lane, max_messages: int, hold_ms: int, invisible_ms: int, *, race: bool
     ) -> list[Received]:
-        sources = list(lane.sources.values())
-        pulls = [asyncio.create_task(self._pull(lane, s, max_messages, hold_ms)) for s in sources]
+        sources = [lane.main, self._retries[lane.group]]
+        pulls = [
+            asyncio.create_task(self._pull(lane.group, s, max_messages, hold_ms)) for s in sources
+        ]
         stop = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait(
@@ -373,7 +413,7 @@ class Receiver:
                 t.cancel()
             await asyncio.gather(*pulls, stop, return_exceptions=True)
         out: list[Received] = []
-        invisible_until = time.monotonic() + invisible_ms / 1000
+        until = time.monotonic() + invisible_ms / 1000
         for source, pull in zip(sources, pulls, strict=True):
             if pull.cancelled():
                 continue
@@ -382,27 +422,21 @@ class Receiver:
                 raise error
             answer = pull.result()
             if answer is not None:
-                out += self._deliver(lane, source, answer, max_messages - len(out), invisible_until)
+                out += self._deliver(lane, source, answer, max_messages - len(out), until)
         return out
 
     async def _pull(
-        self, lane: _Lane, source: _Source, max_messages: int, hold_ms: int
+        self, group: str, source: _Source, max_messages: int, hold_ms: int
     ) -> PullResponse | None:
         generation = source.generation
         positions = [QueuePosition(q, o) for q, o in source.next.items() if q in source.queues]
         req = PullRequest(
-            lane.group,
-            source.topic,
-            MEMBER_ID,
-            generation,
-            max_messages,
-            hold_ms,
-            positions=positions,
+            group, source.topic, MEMBER_ID, generation, max_messages, hold_ms, positions=positions
         )
         try:
             answer = await self._call(Opcode.PULL, req)
         except StaleGeneration:
-            await self._join(lane, source)
+            await self._join(group, source)
             return None
         assert isinstance(answer, PullResponse)
         return answer if generation == source.generation else None
@@ -410,35 +444,61 @@ class Receiver:
     def _deliver(
         self, lane: _Lane, source: _Source, answer: PullResponse, room: int, until: float
     ) -> list[Received]:
-        """Remember what was read as in flight and move the positions past it; a message past
-        ``room`` is not taken, and its queue's position stays at it."""
+        """Hand out what a PULL read, up to ``room``, and move the positions past it. Runs
+        without a pause, so of two reads from the same positions (two receives at once, or two
+        topics' receives of the group's retry topic) only the first takes a message: the other
+        finds its offset behind the position. A message past ``room`` is not taken, nor any
+        after it in its queue, whose position stays at it. A retry copy of another topic
+        waits for a receiver of that topic."""
         nexts = {p.queue_id: p.offset for p in answer.next_offsets}
+        full: set[int] = set()
         out: list[Received] = []
         for m in answer.messages:
             q, offset = m.queue_id, m.queue_offset
-            if q not in source.queues:
+            if q not in source.queues or q in full:
+                continue
+            flying = source.flight.setdefault(q, {})
+            if offset < source.next.get(q, 0) or offset in flying:
+                continue  # another read took it
+            if source.kind == "r" and m.topic != lane.topic:
+                flying[offset] = _Delivery(m, State.WAITING)
                 continue
             if len(out) >= room:
-                nexts[q] = min(nexts.get(q, offset), offset)
+                full.add(q)
+                nexts[q] = offset
                 continue
-            receipt = f"{source.kind}.{q}.{offset}.{secrets.token_hex(NONCE_BYTES)}"
-            delivery = _Delivery(receipt, until)
-            source.flight.setdefault(q, {})[offset] = delivery
-            self._schedule(lane, source, q, offset, delivery)
-            out.append(Received(m, receipt))
+            delivery = flying[offset] = _Delivery(m, State.WAITING)
+            out.append(self._hand_out(lane.group, source, q, offset, delivery, until))
         for q, offset in nexts.items():
             if q in source.queues:
-                source.next[q] = offset
+                source.next[q] = max(source.next.get(q, offset), offset)
         return out
 
-    def _find(self, lane: _Lane | None, receipt: str) -> tuple[_Source, int, int, _Delivery] | None:
+    def _hand_out(
+        self, group: str, source: _Source, queue: int, offset: int, d: _Delivery, until: float
+    ) -> Received:
+        d.move(State.INVISIBLE)
+        d.receipt = f"{source.kind}.{queue}.{offset}.{secrets.token_hex(NONCE_BYTES)}"
+        d.deadline = until
+        self._schedule(group, source, queue, offset, d)
+        return Received(d.message, d.receipt)
+
+    def _source(self, group: str, kind: str, topic: str) -> _Source | None:
+        if kind == "r":
+            return self._retries.get(group)
+        lane = self._lanes.get((group, topic))
+        return lane.main if lane is not None else None
+
+    def _find(
+        self, group: str, topic: str, receipt: str
+    ) -> tuple[_Source, int, int, _Delivery] | None:
         """The delivery ``receipt`` names, if it is in flight and invisible."""
         if _RECEIPT.fullmatch(receipt) is None:
             raise InvalidArgument(f"{receipt!r} is not a receipt this broker gave")
-        if lane is None:
-            return None
         kind, queue, offset, _ = receipt.split(".")
-        source = lane.sources[kind]
+        source = self._source(group, kind, topic)
+        if source is None:
+            return None
         delivery = source.flight.get(int(queue), {}).get(int(offset))
         if delivery is None or delivery.receipt != receipt or delivery.state is not State.INVISIBLE:
             return None
@@ -446,7 +506,7 @@ class Receiver:
 
     # --- committing and handing back ---
 
-    async def _commit(self, lane: _Lane, source: _Source) -> None:
+    async def _commit(self, group: str, source: _Source) -> None:
         """Commit each changed queue up to its lowest offset in flight (or its read position)."""
         positions = []
         for q in sorted(source.dirty):
@@ -456,28 +516,26 @@ class Receiver:
         source.dirty.clear()
         if not positions:
             return
-        req = AckRequest(lane.group, source.topic, MEMBER_ID, source.generation, positions)
+        req = AckRequest(group, source.topic, MEMBER_ID, source.generation, positions)
         try:
             await self._call(Opcode.ACK, req)
         except StaleGeneration:
-            await self._join(lane, source)  # the queues kept are committed by the next change
+            await self._join(group, source)  # the queues kept are committed by the next change
             source.dirty.update(p.queue_id for p in positions if p.queue_id in source.queues)
 
-    async def _hand_back(self, lane: _Lane, source: _Source, queue: int, offset: int) -> None:
+    async def _hand_back(self, group: str, source: _Source, queue: int, offset: int) -> None:
         """NACK a delivery being handed back; once its copy is written it is no longer in
         flight. A failure leaves it handing back, for the sweeper to try again."""
         delivery = source.flight.get(queue, {}).get(offset)
         if delivery is None or delivery.state is not State.HANDING_BACK or delivery.busy:
             return
         delay = None if delivery.delay_ms < 0 else delivery.delay_ms
-        req = NackRequest(
-            lane.group, source.topic, MEMBER_ID, source.generation, queue, offset, delay
-        )
+        req = NackRequest(group, source.topic, MEMBER_ID, source.generation, queue, offset, delay)
         delivery.busy = True
         try:
             await self._call(Opcode.NACK, req)
         except StaleGeneration:
-            await self._join(lane, source)  # a queue taken away was dropped with its deliveries
+            await self._join(group, source)  # a queue taken away was dropped with its deliveries
             return
         except NotFound:
             pass  # the message is gone (its topic deleted, or retention): nothing to hand back
@@ -487,7 +545,7 @@ class Receiver:
                 source.topic,
                 queue,
                 offset,
-                lane.group,
+                group,
                 e,
             )
             return
@@ -497,18 +555,18 @@ class Receiver:
         if flying.get(offset) is delivery:
             del flying[offset]
             source.dirty.add(queue)
-            await self._commit(lane, source)
+            await self._commit(group, source)
 
     def _schedule(
-        self, lane: _Lane, source: _Source, queue: int, offset: int, delivery: _Delivery
+        self, group: str, source: _Source, queue: int, offset: int, delivery: _Delivery
     ) -> None:
         self._seq += 1
         entry = (
             delivery.deadline,
             self._seq,
-            lane.group,
-            lane.topic,
+            group,
             source.kind,
+            source.topic,
             queue,
             offset,
             delivery.receipt,
@@ -532,11 +590,10 @@ class Receiver:
     def _expire(self, now: float) -> None:
         """Hand back every delivery whose invisibility ended, at once (no retry delay)."""
         while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, group, topic, kind, queue, offset, receipt = heapq.heappop(self._deadlines)
-            lane = self._lanes.get((group, topic))
-            if lane is None:
+            deadline, _, group, kind, topic, queue, offset, receipt = heapq.heappop(self._deadlines)
+            source = self._source(group, kind, topic)
+            if source is None:
                 continue
-            source = lane.sources[kind]
             delivery = source.flight.get(queue, {}).get(offset)
             if (
                 delivery is None
@@ -547,7 +604,7 @@ class Receiver:
                 continue  # acknowledged, extended or handed back since
             delivery.move(State.HANDING_BACK)
             delivery.delay_ms = 0
-            self._spawn(self._hand_back(lane, source, queue, offset))
+            self._spawn(self._hand_back(group, source, queue, offset))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -555,33 +612,43 @@ class Receiver:
         task.add_done_callback(self._handing_back.discard)
 
     async def _renew(self) -> None:
-        """Renew the broker's memberships; retry hand-backs that failed; leave a (group,
-        topic) idle with nothing in flight, so its queues go back to the group's consumers."""
+        """Renew the broker's memberships and retry hand-backs that failed. Leave a (group,
+        topic) idle with nothing handed out, and a group's retry topic once none of its topics
+        is received from, so their queues go back to the group's TCP consumers."""
         now = time.monotonic()
         for key, lane in list(self._lanes.items()):
-            idle = now - lane.seen > IDLE_S and not lane.reading.locked()
-            if idle and lane.in_flight() == 0:
+            idle = now - lane.seen > IDLE_S and lane.receiving == 0
+            if idle and lane.main.handed_out() == 0:
                 del self._lanes[key]
-                for source in lane.sources.values():
-                    with contextlib.suppress(TxbError):
-                        await self._call(
-                            Opcode.LEAVE, LeaveRequest(lane.group, source.topic, MEMBER_ID)
-                        )
-                continue
-            for source in lane.sources.values():
-                try:
-                    await self._join(lane, source)
-                except NotFound:
-                    # The topic was deleted: what was in flight went with it.
-                    self._lanes.pop(key, None)
-                    break
-                except TxbError as e:
-                    log.warning("receipts: cannot renew %s of %s: %s", source.topic, lane.group, e)
-                    continue
-                for queue, flying in list(source.flight.items()):
-                    for offset, d in list(flying.items()):
-                        if d.state is State.HANDING_BACK and not d.busy:
-                            self._spawn(self._hand_back(lane, source, queue, offset))
+                await self._leave(lane.group, lane.main)
+            elif not await self._renew_source(lane.group, lane.main):
+                self._lanes.pop(key, None)  # its topic was deleted, and its messages with it
+        groups = {g for g, _ in self._lanes}
+        for group, retries in list(self._retries.items()):
+            if group not in groups and retries.handed_out() == 0:
+                del self._retries[group]
+                await self._leave(group, retries)
+            else:
+                await self._renew_source(group, retries)
+
+    async def _renew_source(self, group: str, source: _Source) -> bool:
+        """Heartbeat, and retry the hand-backs that failed; False if the topic is gone."""
+        try:
+            await self._join(group, source)
+        except NotFound:
+            return False
+        except TxbError as e:
+            log.warning("receipts: cannot renew %s of %s: %s", source.topic, group, e)
+            return True
+        for queue, flying in list(source.flight.items()):
+            for offset, d in list(flying.items()):
+                if d.state is State.HANDING_BACK and not d.busy:
+                    self._spawn(self._hand_back(group, source, queue, offset))
+        return True
+
+    async def _leave(self, group: str, source: _Source) -> None:
+        with contextlib.suppress(TxbError):
+            await self._call(Opcode.LEAVE, LeaveRequest(group, source.topic, MEMBER_ID))
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> None:

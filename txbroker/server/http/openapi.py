@@ -15,11 +15,18 @@ from txbroker import __version__
 from txbroker.server.http.problems import CONTENT_TYPE as PROBLEM
 from txbroker.server.http.problems import ProblemBody
 from txbroker.server.http.types import (
+    ExtendRequest,
+    NackReceipts,
     PrepareTransaction,
     PublishBatch,
     PublishMessage,
     Receipt,
+    ReceiptList,
     Receipts,
+    ReceivedMessage,
+    ReceivedMessages,
+    ReceiveRequest,
+    Settled,
     TxEndResponse,
     TxPrepareResponse,
 )
@@ -36,6 +43,13 @@ _TYPES: Final = (
     PrepareTransaction,
     TxPrepareResponse,
     TxEndResponse,
+    ReceiveRequest,
+    ReceivedMessage,
+    ReceivedMessages,
+    ReceiptList,
+    NackReceipts,
+    ExtendRequest,
+    Settled,
     ProblemBody,
 )
 # The errors every operation may answer; each operation adds its own.
@@ -109,7 +123,8 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "txbroker HTTP API",
             "version": __version__,
-            "description": "Publishing and two-phase messages over HTTP (docs/http-api.md).",
+            "description": "Publishing, two-phase messages and receiving by receipt over HTTP "
+            "(docs/http-api.md).",
         },
         "components": {
             "schemas": components,
@@ -166,7 +181,58 @@ def openapi_document() -> dict[str, Any]:
                 }
                 for decision in ("commit", "rollback")
             },
+            **_receiving(),
         },
+    }
+
+
+# What receiving adds to, or says otherwise than, the common errors.
+_RECEIVING_ERRORS: Final = {
+    "400": "malformed JSON, an unknown field, a wrong type, a number out of its bounds, a "
+    "malformed receipt",
+    "403": "the token lacks the consume role on the topic",
+    "404": "no such topic",
+    "422": "a group or topic name the broker refuses (an internal topic, a bad character)",
+}
+
+
+def _receiving() -> dict[str, Any]:
+    prefix = "/v1/groups/{group}/topics/{topic}"
+    settled = ("200", "what it applied to, and the receipts already stale", _ref(Settled))
+    ops = {
+        "receive": (
+            "receiveMessages",
+            "Receive up to max messages, waiting up to wait_ms; each invisible for invisible_ms",
+            ("200", "the messages (none when the wait ran out)", _ref(ReceivedMessages)),
+            ReceiveRequest,
+        ),
+        "ack": (
+            "ackMessages",
+            "Acknowledge by receipt: done with them (again: stale, not an error)",
+            settled,
+            ReceiptList,
+        ),
+        "nack": (
+            "nackMessages",
+            "Hand messages back: delivered again after delay_ms (or the group's retry delay), "
+            "dead-lettered past the retry limit",
+            settled,
+            NackReceipts,
+        ),
+        "extend": (
+            "extendMessages",
+            "Keep messages invisible for invisible_ms from now; receipts do not change",
+            settled,
+            ExtendRequest,
+        ),
+    }
+    return {
+        f"{prefix}/{action}": {
+            "post": _operation(
+                op_id, summary, ok, _RECEIVING_ERRORS, body=_ref(body), params=("group", "topic")
+            )
+        }
+        for action, (op_id, summary, ok, body) in ops.items()
     }
 
 
