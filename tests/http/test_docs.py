@@ -29,7 +29,9 @@ def examples() -> list[tuple[str, int]]:
 
 def test_every_endpoint_has_an_example() -> None:
     text = "".join(cmd for cmd, _ in examples())
-    for path in ("/messages", '/v1/transactions"', "/commit", "/rollback", "/v1/openapi.json"):
+    paths = ("/messages", '/v1/transactions"', "/commit", "/rollback", "/v1/openapi.json")
+    receiving = ("/receive", "/ack", "/nack", "/extend")
+    for path in paths + receiving:
         assert path in text, path
     assert text.count("curl ") == len(examples()) >= 10
 
