@@ -36,7 +36,14 @@ from typing import Any, Final
 
 import msgspec
 
-from txbroker.errors import InvalidArgument, InvalidName, NotFound, StaleGeneration, TxbError
+from txbroker.errors import (
+    InvalidArgument,
+    InvalidName,
+    NotFound,
+    NotMaster,
+    StaleGeneration,
+    TxbError,
+)
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     AckRequest,
@@ -94,6 +101,9 @@ RENEW_S: Final = 1.0
 # queues go back to the group's TCP consumers. Long enough that a client receiving between units
 # of work keeps its queues rather than rebalance the group at every pause.
 IDLE_S: Final = 30.0
+# Stale deadlines are dropped once they outnumber the live ones and this many more: below it,
+# the heap is small whatever it holds.
+COMPACT_MIN: Final = 4096
 
 # A receipt names the source (m: the path's topic, r: the group's retry topic), the queue, the
 # offset and the delivery (a random nonce, so a later delivery of the same offset after a
@@ -126,7 +136,7 @@ _MOVES: Final = {
 
 @dataclass(slots=True)
 class _Delivery:
-    message: PulledMessage
+    message: PulledMessage | None  # kept while WAITING only: a client holds it once handed out
     state: State
     receipt: str = ""
     deadline: float = 0.0  # monotonic; past it, an invisible message is handed back
@@ -229,6 +239,7 @@ class Receiver:
         self._retries: dict[str, _Source] = {}  # group -> its retry topic, read for all lanes
         self._deadlines: list[_Deadline] = []
         self._seq = 0
+        self._live_deadlines = 0  # deadlines left by the last compaction
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._handing_back: set[asyncio.Task[None]] = set()
@@ -379,7 +390,7 @@ class Receiver:
             for offset, d in sorted(flying.items()):
                 if len(out) >= room:
                     return out
-                if d.state is State.WAITING and d.message.topic == lane.topic:
+                if d.state is State.WAITING and d.message and d.message.topic == lane.topic:
                     out.append(self._hand_out(lane.group, retries, queue, offset, d, until))
         return out
 
@@ -477,11 +488,13 @@ class Receiver:
     def _hand_out(
         self, group: str, source: _Source, queue: int, offset: int, d: _Delivery, until: float
     ) -> Received:
+        message, d.message = d.message, None
+        assert message is not None, "a delivery is handed out once"
         d.move(State.INVISIBLE)
         d.receipt = f"{source.kind}.{queue}.{offset}.{secrets.token_hex(NONCE_BYTES)}"
         d.deadline = until
         self._schedule(group, source, queue, offset, d)
-        return Received(d.message, d.receipt)
+        return Received(message, d.receipt)
 
     def _source(self, group: str, kind: str, topic: str) -> _Source | None:
         if kind == "r":
@@ -590,18 +603,12 @@ class Receiver:
     def _expire(self, now: float) -> None:
         """Hand back every delivery whose invisibility ended, at once (no retry delay)."""
         while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, group, kind, topic, queue, offset, receipt = heapq.heappop(self._deadlines)
-            source = self._source(group, kind, topic)
-            if source is None:
-                continue
-            delivery = source.flight.get(queue, {}).get(offset)
-            if (
-                delivery is None
-                or delivery.receipt != receipt
-                or delivery.deadline != deadline
-                or delivery.state is not State.INVISIBLE
-            ):
+            entry = heapq.heappop(self._deadlines)
+            current = self._current(entry)
+            if current is None:
                 continue  # acknowledged, extended or handed back since
+            source, delivery = current
+            group, queue, offset = entry[2], entry[5], entry[6]
             delivery.move(State.HANDING_BACK)
             delivery.delay_ms = 0
             self._spawn(self._hand_back(group, source, queue, offset))
@@ -628,14 +635,38 @@ class Receiver:
             if group not in groups and retries.handed_out() == 0:
                 del self._retries[group]
                 await self._leave(group, retries)
-            else:
-                await self._renew_source(group, retries)
+            elif not await self._renew_source(group, retries):
+                del self._retries[group]
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop deadlines of deliveries acknowledged, extended or handed back since, once they
+        outnumber the live ones: an acknowledged delivery's deadline stays in the heap until it
+        comes up, which with long invisibilities would hold memory for hours."""
+        if len(self._deadlines) <= 2 * self._live_deadlines + COMPACT_MIN:
+            return
+        self._deadlines = [e for e in self._deadlines if self._current(e) is not None]
+        heapq.heapify(self._deadlines)
+        self._live_deadlines = len(self._deadlines)
+
+    def _current(self, entry: _Deadline) -> tuple[_Source, _Delivery] | None:
+        """The invisible delivery a deadline is for, if it still is."""
+        deadline, _, group, kind, topic, queue, offset, receipt = entry
+        source = self._source(group, kind, topic)
+        if source is None:
+            return None
+        d = source.flight.get(queue, {}).get(offset)
+        if d is None or d.receipt != receipt or d.deadline != deadline:
+            return None
+        return (source, d) if d.state is State.INVISIBLE else None
 
     async def _renew_source(self, group: str, source: _Source) -> bool:
         """Heartbeat, and retry the hand-backs that failed; False if the topic is gone."""
         try:
             await self._join(group, source)
-        except NotFound:
+        except (NotFound, NotMaster):
+            # The topic was deleted, or this broker is no longer the master (the new one
+            # delivers again what was in flight here): nothing here is of use any more.
             return False
         except TxbError as e:
             log.warning("receipts: cannot renew %s of %s: %s", source.topic, group, e)
