@@ -1,5 +1,6 @@
 """The HTTP API with the TCP port's tokens, roles and TLS: 401 without a valid token, 403 for a
-role that may not publish (or not on that topic), and HTTPS when the broker serves TLS."""
+role that may not publish or receive (or not on that topic), and HTTPS when the broker serves
+TLS."""
 
 from __future__ import annotations
 
@@ -117,6 +118,26 @@ async def test_publishing_needs_the_produce_role_on_the_topic(secured: BrokerPro
             problem(r, 403, "FORBIDDEN")
         r = await h.post(f"/v1/transactions/{tx_id}/commit", headers=_bearer(PRODUCER))
         assert r.status_code == 200 and r.json()["state"] == "committed"
+
+
+async def test_receiving_needs_the_consume_role_on_the_topic(secured: BrokerProcess) -> None:
+    async with await Client.connect(secured.url, auth_token=ADMIN) as c:
+        await c.create_topic("orders", queues=1, exist_ok=True)
+    bodies = {
+        "receive": {"max": 1, "wait_ms": 0, "invisible_ms": 1000},
+        "ack": {"receipts": ["m.0.0.0123456789abcdef"]},
+        "nack": {"receipts": ["m.0.0.0123456789abcdef"]},
+        "extend": {"receipts": ["m.0.0.0123456789abcdef"], "invisible_ms": 1000},
+    }
+    async with httpx.AsyncClient(base_url=secured.http) as h:
+        for action, body in bodies.items():
+            url = f"/v1/groups/billing/topics/orders/{action}"
+            problem(await h.post(url, json=body), 401, "UNAUTHENTICATED")
+            for token in (PRODUCER, READER):
+                p = problem(await h.post(url, json=body, headers=_bearer(token)), 403, "FORBIDDEN")
+                assert "consume role on topic 'orders'" in str(p["detail"]), p
+            r = await h.post(url, json=body, headers=_bearer(CONSUMER))
+            assert r.status_code == 200, r.text
 
 
 async def test_the_api_is_served_over_tls_when_the_broker_is(
