@@ -94,7 +94,8 @@ def _operation(
                 "name": h,
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string"},
+                # Empty is refused (an empty Idempotency-Key names nothing).
+                "schema": {"type": "string", "minLength": 1},
                 "description": why,
             }
             for h, why in headers
