@@ -11,9 +11,11 @@ read again from its committed offset: nothing un-acknowledged is lost.
 
 A message not acknowledged within its invisibility, or refused, goes back through the NACK an
 SDK consumer sends (``retry.py``): a copy with its reconsume count raised comes again through
-the group's retry topic, or, past the group's maximum, goes to its dead-letter topic.
+the group's retry topic, or, past the group's maximum, goes to its dead-letter topic. The retry
+topic is the group's, read once for all the group's topics; a retry read for one topic's
+receivers waits for a receiver of its own topic.
 
-    receiver = Receiver(call, topics, session_timeout_ms=10_000)
+    receiver = Receiver(tcp_requests(handlers), topics)
     receiver.start()
     got = await receiver.receive("billing", "orders", max_messages=10, wait_ms=20_000,
                                  invisible_ms=30_000)
@@ -78,9 +80,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The member id the broker joins groups under. A leading '%' cannot collide with a client's
-# member id (the SDK's are hex) and sorts first, so the broker's share of a group's queues is
-# the first run of them.
+# The member id the broker joins groups under. The SDK's member ids are hex, so it is no
+# client's, and it sorts before them: the broker's share of a group's queues is the first run.
 MEMBER_ID: Final = "%http"
 MAX_RECEIVE: Final = MAX_PULL_MESSAGES  # messages one receive returns, as one PULL
 MAX_WAIT_MS: Final = MAX_HOLD_MS  # a receive long-polls as long as a PULL may
