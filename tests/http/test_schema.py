@@ -46,11 +46,12 @@ def broker(tmp_path: Path) -> Any:
 
 @pytest.mark.timeout(300)
 def test_every_answer_matches_the_document(
-    broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
+    broker: BrokerProcess, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out = subprocess.run(
         [str(ST), "--config-file", str(CONFIG), "run", f"{broker.http}/v1/openapi.json"],
         env={**os.environ, "TXB_TOKEN": TOKEN, "NO_COLOR": "1"},
+        cwd=tmp_path,  # its cache of failures (.schemathesis/) goes there, not in the tree
         capture_output=True,
         text=True,
         timeout=280,
