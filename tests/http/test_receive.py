@@ -310,7 +310,8 @@ async def test_a_tcp_consumer_and_an_http_receiver_share_the_group(
     assert sorted(by_http + by_tcp) == sorted(bodies)  # each once, by one of the two
 
 
-async def test_a_restart_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+async def test_a_restart_loses_nothing(tmp_path: Path, how: str) -> None:
     b = _broker(tmp_path / "broker").start()
     try:
         await make_topic(b, "recv-restart", queues=2)
@@ -320,7 +321,10 @@ async def test_a_restart_loses_nothing(tmp_path: Path) -> None:
             acked = got[::2]
             await settle(h, "durable", "recv-restart", "ack", [m["receipt"] for m in acked])
             await asyncio.sleep(1.5)  # the offsets reach offsets.json
-        b.kill()  # no shutdown: what was in flight is forgotten with the process
+        if how == "SIGKILL":
+            b.kill()  # no shutdown: what was in flight is forgotten with the process
+        else:
+            assert b.stop() == 0
         b.start()
         async with httpx.AsyncClient(base_url=b.http, timeout=60) as h:
             again = []
@@ -334,6 +338,29 @@ async def test_a_restart_loses_nothing(tmp_path: Path) -> None:
             assert await receive(h, "durable", "recv-restart", wait_ms=500) == []
     finally:
         b.stop()
+
+
+async def test_a_slave_refuses_to_hand_out_what_it_could_not_acknowledge(tmp_path: Path) -> None:
+    """A static slave may not commit the group's offsets: receiving there is 503 NOT_MASTER."""
+    master = _broker(tmp_path / "master").start()
+    slave = BrokerProcess(tmp_path / "slave", "--replica-of", master.url)
+    try:
+        await make_topic(master, "recv-slave")
+        slave.start()
+        async with httpx.AsyncClient(base_url=slave.http, timeout=30) as h:
+            deadline = time.monotonic() + 10
+            while True:  # until the slave has the topic from its master
+                r = await h.post(
+                    path("billing", "recv-slave", "receive"),
+                    json={"max": 1, "wait_ms": 0, "invisible_ms": 1000},
+                )
+                if r.status_code != 404 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            problem(r, 503, "NOT_MASTER")
+    finally:
+        slave.stop()
+        master.stop()
 
 
 # --- bad input ---
