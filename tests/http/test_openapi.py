@@ -35,9 +35,11 @@ async def test_the_document_describes_every_endpoint(
         ("/v1/transactions", "post"),
         ("/v1/transactions/{tx_id}/commit", "post"),
         ("/v1/transactions/{tx_id}/rollback", "post"),
+        ("/v1/producer-groups/{group}/checks", "post"),
+        ("/v1/transactions/{tx_id}/unknown", "post"),
     }
     ids = [op["operationId"] for op in ops.values()]
-    assert len(set(ids)) == len(ids) == 4
+    assert len(set(ids)) == len(ids) == 6
     schemas = doc["components"]["schemas"]
     for ref in _refs(doc):
         assert ref.startswith("#/components/schemas/") and ref.split("/")[-1] in schemas
@@ -46,5 +48,13 @@ async def test_the_document_describes_every_endpoint(
     assert schemas["PublishMessage"]["required"] == ["body"]
     assert schemas["PrepareTransaction"]["additionalProperties"] is False
     assert set(schemas["TxEndResponse"]["required"]) >= {"tx_id", "state"}
+    assert schemas["PullChecks"]["additionalProperties"] is False
+    assert schemas["PullChecks"]["properties"]["max"]["maximum"] == 1024
+    assert schemas["CheckRequest"]["required"] == [
+        "tx_id",
+        "topic",
+        "producer_group",
+        "check_count",
+    ]
     for op in ops.values():
         assert "application/problem+json" in op["responses"]["401"]["content"]

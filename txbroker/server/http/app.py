@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.http.admin import admin_routes
+from txbroker.server.http.checks import PullChecking
 from txbroker.server.http.messaging import Messaging, tcp_requests
 from txbroker.server.http.openapi import openapi_route
 from txbroker.server.http.problems import MethodNotAllowed, NotFound
@@ -51,15 +52,19 @@ def build_http_app(
     table = access.tokens if access is not None else tokens or TokenTable()
     routes: list[BaseRoute] = [openapi_route()]
     if handlers is not None:
+        access = access or Access(
+            table, lambda tx_id: t.topic if tx and (t := tx.find(tx_id)) else None
+        )
         messaging = Messaging(
             tcp_requests(handlers),
-            access
-            or Access(table, lambda tx_id: t.topic if tx and (t := tx.find(tx_id)) else None),
+            access,
             store,
             dedup_window_ms=dedup_window_ms,
             master_http=master_http,
         )
         routes += messaging.routes(table)  # before the admin's /v1/transactions/{id}/{action}
+        pulls = PullChecking(checker, tx, access, master_http=master_http)
+        routes += pulls.routes(table)
     routes += admin_routes(
         store,
         topics,

@@ -15,9 +15,13 @@ from txbroker import __version__
 from txbroker.server.http.problems import CONTENT_TYPE as PROBLEM
 from txbroker.server.http.problems import ProblemBody
 from txbroker.server.http.types import (
+    CheckAnswered,
+    CheckRequest,
     PrepareTransaction,
     PublishBatch,
     PublishMessage,
+    PullChecks,
+    PulledChecks,
     Receipt,
     Receipts,
     TxEndResponse,
@@ -36,6 +40,10 @@ _TYPES: Final = (
     PrepareTransaction,
     TxPrepareResponse,
     TxEndResponse,
+    PullChecks,
+    CheckRequest,
+    PulledChecks,
+    CheckAnswered,
     ProblemBody,
 )
 # The errors every operation may answer; each operation adds its own.
@@ -165,6 +173,34 @@ def openapi_document() -> dict[str, Any]:
                     )
                 }
                 for decision in ("commit", "rollback")
+            },
+            "/v1/producer-groups/{group}/checks": {
+                "post": _operation(
+                    "pullChecks",
+                    "Long-poll the back-checks due to a producer group whose transactions were "
+                    'prepared with "check_url": "pull"; answer each by commit, rollback or unknown',
+                    (
+                        "200",
+                        "the checks taken (none when wait_ms passed first)",
+                        _ref(PulledChecks),
+                    ),
+                    {"404": "transactions are not enabled on this broker"},
+                    body=_ref(PullChecks),
+                    params=("group",),
+                )
+            },
+            "/v1/transactions/{tx_id}/unknown": {
+                "post": _operation(
+                    "answerCheckUnknown",
+                    "Answer a pulled back-check UNKNOWN: counted, due again after the backoff",
+                    ("200", "counted", _ref(CheckAnswered)),
+                    {
+                        "404": "no such transaction",
+                        "409": "no pulled check of it is waiting for an answer (state says how "
+                        "it is)",
+                    },
+                    params=("tx_id",),
+                )
             },
         },
     }
