@@ -29,7 +29,15 @@ def examples() -> list[tuple[str, int]]:
 
 def test_every_endpoint_has_an_example() -> None:
     text = "".join(cmd for cmd, _ in examples())
-    for path in ("/messages", '/v1/transactions"', "/commit", "/rollback", "/v1/openapi.json"):
+    for path in (
+        "/messages",
+        '/v1/transactions"',
+        "/commit",
+        "/rollback",
+        "/checks",
+        "/unknown",
+        "/v1/openapi.json",
+    ):
         assert path in text, path
     assert text.count("curl ") == len(examples()) >= 10
 
