@@ -6,6 +6,7 @@ a 4xx problem."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -154,8 +155,16 @@ async def test_a_restart_re_derives_the_due_checks(tmp_path: Path) -> None:
         assert b.stop() == 0
         b.start()
         async with _client(b) as http:
-            # Neither check is lost with the process that handed it out: both are offered
-            # again (their windows ended, or end, on the same schedule).
+            # Neither check is lost with the process that handed it out: both are due again
+            # (their windows ended, or end, on the same schedule), and wait for a poller.
+            until = time.monotonic() + 10
+            while not re.search(
+                r"^txbroker_tx_checks_pull_queued(\{[^}]*\})? 2(\.0)?$",
+                metrics := (await http.get("/metrics")).text,
+                re.M,
+            ):
+                assert time.monotonic() < until, metrics
+                await asyncio.sleep(0.1)
             seen: dict[str, dict[str, object]] = {}
             until = time.monotonic() + 10
             while len(seen) < 2 and time.monotonic() < until:
