@@ -269,13 +269,15 @@ class BackChecker:
         answered already, or its window ended: it is offered again when due)."""
         tx = self._coord.get(tx_id)
         out = self._pulls.answered(tx_id)
-        if tx.state is not TxState.PREPARED or out is None:
-            why = (
-                "it is " + tx.state.value
-                if tx.state is not TxState.PREPARED
-                else ("none is out (not taken, answered already, or its answer window ended)")
+        if tx.state is not TxState.PREPARED:
+            raise TransactionConflict(
+                f"transaction {tx_id} is {tx.state.value}: no check to answer"
             )
-            raise TransactionConflict(f"no pulled check of transaction {tx_id} to answer: {why}")
+        if out is None:
+            raise TransactionConflict(
+                f"no pulled check of transaction {tx_id} is out (not taken yet, answered "
+                "already, or its answer window ended): it is offered again when due"
+            )
         seconds = time.monotonic() - out.taken_s
         res = CheckResult(CheckStatus.UNKNOWN, CheckOutcome.ANSWERED, "answered UNKNOWN", seconds)
         await self._answered(tx, res)
