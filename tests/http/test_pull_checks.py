@@ -16,6 +16,9 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from tests.http.conftest import GROUP, problem
+from tests.http.test_cluster import TOPIC as CLUSTER_TOPIC
+from tests.http.test_cluster import _roles, pair  # noqa: F401  # pair: the fixture
+from txbroker.chaos.cluster import Cluster
 from txbroker.protocol.messages import PulledMessage
 from txbroker_sdk import Client, Consumer
 
@@ -312,3 +315,48 @@ async def test_bad_polls_and_answers_are_problems(
     )
     assert "pull" in str(problem(r, 422, "INVALID_ARGUMENT")["detail"])
     assert await _stored_count(pull_broker, "orders-pull-bad") == 0
+
+
+async def test_polls_go_to_the_master_and_a_new_master_offers_the_checks_again(
+    pair: Cluster,  # noqa: F811
+) -> None:
+    a, b = await _roles(pair)
+    checks = f"/v1/producer-groups/{GROUP}/checks"
+    async with httpx.AsyncClient(timeout=30) as h:
+        prepare = {
+            "topic": CLUSTER_TOPIC,
+            "body": "paid",
+            "producer_group": GROUP,
+            "check_url": "pull",
+            "timeout_ms": 100,
+        }
+        r = await h.post(a.proc.http + "/v1/transactions", json=prepare)
+        assert r.status_code == 201, r.text
+        tx_id = r.json()["tx_id"]
+        # A poll at the slave is a write's kind of request: redirected to the master.
+        until = time.monotonic() + 30
+        while (r := await h.post(b.proc.http + checks, json={})).status_code == 503:
+            assert time.monotonic() < until, r.text
+            await asyncio.sleep(0.2)
+        assert r.status_code == 307 and r.headers["location"] == a.proc.http + checks, r.text
+        r = await h.post(a.proc.http + checks, json={"wait_ms": 5000})
+        assert [c["tx_id"] for c in r.json()["checks"]] == [tx_id], r.text
+
+        # Taken, never answered, and the master dies: the check was in no one's memory but
+        # the dead master's, and the new one offers it again from the log.
+        await pair.kill_master("g1")
+        elected = await pair.wait_master("g1", other_than=a.broker_id)
+        assert elected.broker_id == b.broker_id
+        until = time.monotonic() + 30
+        while (
+            not (r := await h.post(b.proc.http + checks, json={"wait_ms": 1000}))
+            .json()
+            .get("checks")
+        ):
+            assert r.status_code in (200, 503) and time.monotonic() < until, r.text
+        assert [c["tx_id"] for c in r.json()["checks"]] == [tx_id], r.text
+        # With sync replication b's writes wait for a slave: a rejoins, as the slave of b.
+        await pair.restart(a)
+        await pair.wait_members("g1")
+        r = await h.post(b.proc.http + f"/v1/transactions/{tx_id}/commit")
+        assert r.status_code == 200 and r.json()["state"] == "committed", r.text
