@@ -31,7 +31,8 @@ def test_every_endpoint_has_an_example() -> None:
     text = "".join(cmd for cmd, _ in examples())
     paths = ("/messages", '/v1/transactions"', "/commit", "/rollback", "/v1/openapi.json")
     receiving = ("/receive", "/ack", "/nack", "/extend")
-    for path in paths + receiving:
+    checks = ("/checks", "/unknown")
+    for path in paths + receiving + checks:
         assert path in text, path
     assert text.count("curl ") == len(examples()) >= 10
 

@@ -35,13 +35,15 @@ async def test_the_document_describes_every_endpoint(
         ("/v1/transactions", "post"),
         ("/v1/transactions/{tx_id}/commit", "post"),
         ("/v1/transactions/{tx_id}/rollback", "post"),
+        ("/v1/producer-groups/{group}/checks", "post"),
+        ("/v1/transactions/{tx_id}/unknown", "post"),
         *(
             (f"/v1/groups/{{group}}/topics/{{topic}}/{action}", "post")
             for action in ("receive", "ack", "nack", "extend")
         ),
     }
     ids = [op["operationId"] for op in ops.values()]
-    assert len(set(ids)) == len(ids) == 8
+    assert len(set(ids)) == len(ids) == 10
     schemas = doc["components"]["schemas"]
     for ref in _refs(doc):
         assert ref.startswith("#/components/schemas/") and ref.split("/")[-1] in schemas
@@ -59,5 +61,13 @@ async def test_the_document_describes_every_endpoint(
         1024,
     )
     assert "pattern" in schemas["ReceiptList"]["properties"]["receipts"]["items"]
+    assert schemas["PullChecks"]["additionalProperties"] is False
+    assert schemas["PullChecks"]["properties"]["max"]["maximum"] == 1024
+    assert schemas["CheckRequest"]["required"] == [
+        "tx_id",
+        "topic",
+        "producer_group",
+        "check_count",
+    ]
     for op in ops.values():
         assert "application/problem+json" in op["responses"]["401"]["content"]

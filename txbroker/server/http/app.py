@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.http.admin import admin_routes
+from txbroker.server.http.checks import PullChecking
 from txbroker.server.http.messaging import Messaging, tcp_requests
 from txbroker.server.http.openapi import openapi_route
 from txbroker.server.http.problems import MethodNotAllowed, NotFound
@@ -66,6 +67,8 @@ def build_http_app(
             master_http=master_http,
         )
         routes += messaging.routes(table)  # before the admin's /v1/transactions/{id}/{action}
+        pulls = PullChecking(checker, tx, access, master_http=master_http)
+        routes += pulls.routes(table)  # before the admin's /v1/transactions/{id}/{action} too
         if receiver is not None:
             receiving = Receiving(receiver, access, master_http=master_http)
             routes += receiving.routes(table)

@@ -3,7 +3,8 @@
 :func:`guarded` authenticates the request (401 without a valid token; the principal is put in
 the request's scope for the endpoint's role checks), answers a raised :class:`Problem` or
 broker error with its problem document, and logs anything else with its traceback and answers
-500: an unexpected exception is a bug, never the caller's input.
+500: an unexpected exception is a bug, never the caller's input. :func:`redirecting` answers a
+write that reached a broker that is not its group's master with a 307 to the master.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
-from txbroker.errors import TxbError
+from txbroker.errors import NotMaster, TxbError
 from txbroker.server.http.problems import (
     Forbidden,
     InternalError,
@@ -24,7 +25,7 @@ from txbroker.server.http.problems import (
 )
 from txbroker.server.tokens import ANYONE, Principal, Role, TokenTable
 
-__all__ = ["Endpoint", "guarded", "principal"]
+__all__ = ["Endpoint", "guarded", "principal", "redirecting"]
 
 log = logging.getLogger(__name__)
 
@@ -67,5 +68,24 @@ def guarded(
             return InternalError(
                 "the broker failed to answer this request; its log has the details"
             ).response()
+
+    return endpoint
+
+
+def redirecting(fn: Endpoint, master_http: Callable[[], str | None]) -> Endpoint:
+    """``fn``, answered 307 to the master when this broker turns out not to be it;
+    ``master_http``: the master's HTTP base URL when this broker knows another is master."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except NotMaster:
+            master = master_http()
+            if master is None:
+                raise
+            url = master.rstrip("/") + request.url.path
+            if request.url.query:
+                url += "?" + request.url.query
+            return RedirectResponse(url, 307)
 
     return endpoint

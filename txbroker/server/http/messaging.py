@@ -31,10 +31,10 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from txbroker.errors import NotMaster, TransactionConflict
+from txbroker.errors import TransactionConflict
 from txbroker.protocol.frames import MAX_BATCH_MESSAGES, MAX_FRAME_BYTES, Opcode
 from txbroker.protocol.messages import (
     SendBatchRequest,
@@ -48,7 +48,7 @@ from txbroker.protocol.messages import (
 )
 from txbroker.server.access import Access
 from txbroker.server.delay import SCHEDULE_TOPIC
-from txbroker.server.http.guard import guarded, principal
+from txbroker.server.http.guard import guarded, principal, redirecting
 from txbroker.server.http.problems import (
     BadRequest,
     Conflict,
@@ -76,7 +76,7 @@ from txbroker.store import (
 )
 from txbroker.tx.state import Decision
 
-__all__ = ["BODY_BYTES_MAX", "Messaging", "TcpRequest", "redirecting", "tcp_requests"]
+__all__ = ["BODY_BYTES_MAX", "Messaging", "TcpRequest", "tcp_requests"]
 
 # A request body is read up to this and refused past it: the TCP protocol's frame bound, which
 # holds a message of the largest body the store takes (4 MiB) even base64-encoded (5.4 MiB)
@@ -262,27 +262,8 @@ class Messaging:
     def _redirecting(
         self, fn: Callable[[Request], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
+        """``fn``, answered 307 to the master when this broker turns out not to be it."""
         return redirecting(fn, self._master_http)
-
-
-def redirecting(
-    fn: Callable[[Request], Awaitable[Response]], master_http: Callable[[], str | None]
-) -> Callable[[Request], Awaitable[Response]]:
-    """``fn``, answered 307 to the master when this broker turns out not to be it."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except NotMaster:
-            master = master_http()
-            if master is None:
-                raise
-            url = master.rstrip("/") + request.url.path
-            if request.url.query:
-                url += "?" + request.url.query
-            return RedirectResponse(url, 307)
-
-    return endpoint
 
 
 # --- decoding ---

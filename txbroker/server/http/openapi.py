@@ -15,11 +15,15 @@ from txbroker import __version__
 from txbroker.server.http.problems import CONTENT_TYPE as PROBLEM
 from txbroker.server.http.problems import ProblemBody
 from txbroker.server.http.types import (
+    CheckAnswered,
+    CheckRequest,
     ExtendRequest,
     NackReceipts,
     PrepareTransaction,
     PublishBatch,
     PublishMessage,
+    PullChecks,
+    PulledChecks,
     Receipt,
     ReceiptList,
     Receipts,
@@ -43,6 +47,10 @@ _TYPES: Final = (
     PrepareTransaction,
     TxPrepareResponse,
     TxEndResponse,
+    PullChecks,
+    CheckRequest,
+    PulledChecks,
+    CheckAnswered,
     ReceiveRequest,
     ReceivedMessage,
     ReceivedMessages,
@@ -124,8 +132,8 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "txbroker HTTP API",
             "version": __version__,
-            "description": "Publishing, two-phase messages and receiving by receipt over HTTP "
-            "(docs/http-api.md).",
+            "description": "Publishing, two-phase messages (back-checked by pull when asked) and "
+            "receiving by receipt over HTTP (docs/http-api.md).",
         },
         "components": {
             "schemas": components,
@@ -181,6 +189,34 @@ def openapi_document() -> dict[str, Any]:
                     )
                 }
                 for decision in ("commit", "rollback")
+            },
+            "/v1/producer-groups/{group}/checks": {
+                "post": _operation(
+                    "pullChecks",
+                    "Long-poll the back-checks due to a producer group whose transactions were "
+                    'prepared with "check_url": "pull"; answer each by commit, rollback or unknown',
+                    (
+                        "200",
+                        "the checks taken (none when wait_ms passed first)",
+                        _ref(PulledChecks),
+                    ),
+                    {"404": "transactions are not enabled on this broker"},
+                    body=_ref(PullChecks),
+                    params=("group",),
+                )
+            },
+            "/v1/transactions/{tx_id}/unknown": {
+                "post": _operation(
+                    "answerCheckUnknown",
+                    "Answer a pulled back-check UNKNOWN: counted, due again after the backoff",
+                    ("200", "counted", _ref(CheckAnswered)),
+                    {
+                        "404": "no such transaction",
+                        "409": "no pulled check of it is waiting for an answer (state says how "
+                        "it is)",
+                    },
+                    params=("tx_id",),
+                )
             },
             **_receiving(),
         },

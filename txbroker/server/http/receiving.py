@@ -24,8 +24,8 @@ from starlette.routing import BaseRoute, Route
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import PullRequest
 from txbroker.server.access import Access
-from txbroker.server.http.guard import guarded, principal
-from txbroker.server.http.messaging import _decode, _json, _read_json, redirecting
+from txbroker.server.http.guard import guarded, principal, redirecting
+from txbroker.server.http.messaging import _decode, _json, _read_json
 from txbroker.server.http.types import (
     ExtendRequest,
     NackReceipts,

@@ -1,11 +1,12 @@
 """The JSON bodies of the messaging API, as msgspec types: decoded strictly (an unknown field
 is an error, not ignored) and the source of ``/v1/openapi.json``. Answers reuse the TCP
 protocol's types where the fields are the same (:class:`TxPrepareResponse`,
-:class:`TxEndResponse`)."""
+:class:`TxEndResponse`), and a pulled back-check is the check-back contract's
+:class:`CheckRequest`, the body a check sent over HTTP carries."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -20,14 +21,21 @@ from txbroker.server.receipts import (
     RECEIPT_PATTERN,
     Settled,
 )
+from txbroker_checkback import CheckRequest
 
 __all__ = [
+    "PULL_CHECKS_MAX",
+    "PULL_WAIT_MS_MAX",
+    "CheckAnswered",
+    "CheckRequest",
     "Encoding",
     "ExtendRequest",
     "NackReceipts",
     "PrepareTransaction",
     "PublishBatch",
     "PublishMessage",
+    "PullChecks",
+    "PulledChecks",
     "Receipt",
     "ReceiptList",
     "Receipts",
@@ -38,6 +46,11 @@ __all__ = [
     "TxEndResponse",
     "TxPrepareResponse",
 ]
+
+# A poll takes at most as many checks as a consumer's pull takes messages, and is held at most
+# as long as a consumer's long poll (txbroker.server.consumer: 1,024 and 30 s).
+PULL_CHECKS_MAX: Final = 1024
+PULL_WAIT_MS_MAX: Final = 30_000
 
 Encoding = Literal["utf-8", "base64"]
 Body = Annotated[
@@ -82,7 +95,8 @@ class Receipts(msgspec.Struct, frozen=True):
 
 class PrepareTransaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A half message: stored, invisible to consumers until committed; the broker calls
-    ``check_url`` (docs/checkback.md) if neither commit nor rollback comes in time."""
+    ``check_url`` (docs/checkback.md) if neither commit nor rollback comes in time, or, when
+    it is ``pull``, holds the check for the producer group's pollers."""
 
     topic: str
     body: Body
@@ -169,3 +183,32 @@ class ExtendRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     receipts: ReceiptTexts
     invisible_ms: InvisibleMs
+
+
+# --- back-checks by pull ---
+
+
+class PullChecks(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A poll for the back-checks due to a producer group: the body of ``POST
+    /v1/producer-groups/{group}/checks``."""
+
+    max: Annotated[int, msgspec.Meta(ge=1, le=PULL_CHECKS_MAX)] = 100
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=PULL_WAIT_MS_MAX)] = 0
+
+
+class PulledChecks(msgspec.Struct, frozen=True):
+    """The checks taken, each to answer within ``answer_within_ms`` by commit, rollback or
+    unknown; an unanswered one counts as a check that timed out and is offered again."""
+
+    checks: list[CheckRequest]
+    answer_within_ms: int
+
+
+class CheckAnswered(msgspec.Struct, frozen=True):
+    """A pulled check answered UNKNOWN: counted; ``next_check_ms`` says when it is due again
+    (state ``parked`` when that was the last check ``max_checks`` allows)."""
+
+    tx_id: str
+    state: str
+    checks: int
+    next_check_ms: int
