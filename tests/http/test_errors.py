@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from tests.http.conftest import make_topic, problem, stored_count
-from txbroker.server.http.messaging import BODY_BYTES_MAX
+from txbroker.server.http.bodies import BODY_BYTES_MAX
 
 TOPIC = "errs"
 URL = f"/v1/topics/{TOPIC}/messages"

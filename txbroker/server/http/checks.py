@@ -26,8 +26,8 @@ from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import TxEndRequest
 from txbroker.protocol.names import validate_topic
 from txbroker.server.access import Access
+from txbroker.server.http.bodies import decode, json_response, read_json
 from txbroker.server.http.guard import guarded, principal, redirecting
-from txbroker.server.http.messaging import _decode, _json, _read_json
 from txbroker.server.http.problems import Conflict
 from txbroker.server.http.types import CheckAnswered, PullChecks, PulledChecks
 from txbroker.server.tokens import Role, TokenTable
@@ -76,14 +76,14 @@ class PullChecking:
         checker = self._checking()
         group = request.path_params["group"]
         validate_topic(group, allow_system=False)  # a producer group has a topic's name
-        p = _decode(await _read_json(request), PullChecks)
+        p = decode(await read_json(request), PullChecks)
         who = principal(request)
 
         def may(tx: Tx) -> bool:
             return who.may(Role.PRODUCE, tx.topic)
 
         checks = await checker.pull(group, p.max, p.wait_ms / 1000, may)
-        return _json(PulledChecks(checks, checker.settings.deadline_ms), 200)
+        return json_response(PulledChecks(checks, checker.settings.deadline_ms), 200)
 
     async def unknown(self, request: Request) -> Response:
         checker = self._checking()
@@ -94,4 +94,6 @@ class PullChecking:
         except TransactionConflict as e:
             state = self._tx.find(tx_id) if self._tx is not None else None
             raise Conflict(str(e), code=e.code, state=state.state.value if state else None) from e
-        return _json(CheckAnswered(tx.tx_id, tx.state.value, tx.checks, tx.next_check_ms), 200)
+        return json_response(
+            CheckAnswered(tx.tx_id, tx.state.value, tx.checks, tx.next_check_ms), 200
+        )

@@ -35,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from txbroker.errors import TransactionConflict
-from txbroker.protocol.frames import MAX_BATCH_MESSAGES, MAX_FRAME_BYTES, Opcode
+from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
 from txbroker.protocol.messages import (
     SendBatchRequest,
     SendBatchResponse,
@@ -48,13 +48,12 @@ from txbroker.protocol.messages import (
 )
 from txbroker.server.access import Access
 from txbroker.server.delay import SCHEDULE_TOPIC
+from txbroker.server.http.bodies import decode, json_response, read_json
 from txbroker.server.http.guard import guarded, principal, redirecting
 from txbroker.server.http.problems import (
     BadRequest,
     Conflict,
-    ContentTooLarge,
     InvalidArgument,
-    UnsupportedMediaType,
 )
 from txbroker.server.http.types import (
     Encoding,
@@ -76,13 +75,8 @@ from txbroker.store import (
 )
 from txbroker.tx.state import Decision
 
-__all__ = ["BODY_BYTES_MAX", "Messaging", "TcpRequest", "tcp_requests"]
+__all__ = ["Messaging", "TcpRequest", "tcp_requests"]
 
-# A request body is read up to this and refused past it: the TCP protocol's frame bound, which
-# holds a message of the largest body the store takes (4 MiB) even base64-encoded (5.4 MiB)
-# and a batch of small ones. Each message is then held to the store's own limits.
-BODY_BYTES_MAX: Final = MAX_FRAME_BYTES
-JSON: Final = "application/json"
 # W3C Trace Context, version 00: kept with a half message only when it is well-formed (the
 # spec says to ignore a malformed one rather than refuse the request).
 TRACEPARENT: Final = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -141,11 +135,11 @@ class Messaging:
         # Every message goes to the path's topic: the role is checked before the body is read
         # (a batch needs what a single send does, on the same topic).
         self._access.check(principal(request), Opcode.SEND, SendRequest(topic, b""))
-        raw = await _read_json(request)
+        raw = await read_json(request)
         header_key = _idempotency_header(request)
         batch = _is_batch(raw)
         if batch:
-            messages = _decode(raw, PublishBatch).messages
+            messages = decode(raw, PublishBatch).messages
             if header_key is not None:
                 raise BadRequest(
                     "Idempotency-Key names a single message: give each message of a batch "
@@ -155,7 +149,7 @@ class Messaging:
                 raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
             reqs = [_send_request(topic, m, f"messages[{i}]") for i, m in enumerate(messages)]
         else:
-            m = _decode(raw, PublishMessage)
+            m = decode(raw, PublishMessage)
             if header_key is not None and m.idempotency_key not in (None, header_key):
                 raise BadRequest("the Idempotency-Key header and idempotency_key differ")
             reqs = [_send_request(topic, m, "body", header_key)]
@@ -166,10 +160,10 @@ class Messaging:
             Receipt(r.message_id, r.topic, r.queue_id, r.queue_offset, r.duplicate)
             for r in receipts
         ]
-        return _json(Receipts(out) if batch else out[0], 201)
+        return json_response(Receipts(out) if batch else out[0], 201)
 
     async def prepare(self, request: Request) -> Response:
-        p = _decode(await _read_json(request), PrepareTransaction)
+        p = decode(await read_json(request), PrepareTransaction)
         tp = request.headers.get("traceparent")
         req = TxPrepareRequest(
             p.topic,
@@ -185,7 +179,7 @@ class Messaging:
         )
         self._access.check(principal(request), Opcode.TX_PREPARE, req)
         answer = await self._ask(Opcode.TX_PREPARE, req, TxPrepareResponse)
-        return _json(answer, 201)
+        return json_response(answer, 201)
 
     async def commit(self, request: Request) -> Response:
         return await self._end(request, Decision.COMMIT)
@@ -211,7 +205,7 @@ class Messaging:
             # Refused only because it ended the other way: that is the state it is in.
             other = Decision.ROLLBACK if decision is Decision.COMMIT else Decision.COMMIT
             raise Conflict(str(e), code=e.code, state=other.state.value) from e
-        return _json(answer, 200)
+        return json_response(answer, 200)
 
     async def _ask(self, opcode: int, req: Any, answer: type[T]) -> T:
         out = await self._broker(opcode, req)
@@ -269,32 +263,6 @@ class Messaging:
 # --- decoding ---
 
 
-async def _read_json(request: Request) -> bytes:
-    """The request's JSON body, read up to :data:`BODY_BYTES_MAX` and refused past it."""
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media != JSON:
-        raise UnsupportedMediaType(
-            f"send the body as {JSON} (Content-Type: {JSON}), not {media or 'no content type'}"
-        )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > BODY_BYTES_MAX:
-        raise _too_large()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > BODY_BYTES_MAX:
-            raise _too_large()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large() -> ContentTooLarge:
-    return ContentTooLarge(
-        f"the request body is over {BODY_BYTES_MAX} bytes: send fewer messages per batch"
-    )
-
-
 def _is_batch(raw: bytes) -> bool:
     try:
         shape = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
@@ -303,15 +271,6 @@ def _is_batch(raw: bytes) -> bool:
     except msgspec.DecodeError as e:
         raise BadRequest(f"the body is not valid JSON: {e}") from e
     return "messages" in shape
-
-
-def _decode(raw: bytes, kind: type[T]) -> T:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError as e:
-        raise BadRequest(f"the body does not match {kind.__name__}: {e}") from e
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"the body is not valid JSON: {e}") from e
 
 
 def _idempotency_header(request: Request) -> str | None:
@@ -348,10 +307,6 @@ def _send_request(
         idempotency_key=idempotency_key or m.idempotency_key,
         deliver_at_ms=m.deliver_at_ms,
     )
-
-
-def _json(answer: msgspec.Struct, status: int) -> Response:
-    return Response(msgspec.json.encode(answer), status, media_type=JSON)
 
 
 # --- what an idempotency key stands for ---

@@ -24,8 +24,8 @@ from starlette.routing import BaseRoute, Route
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import PullRequest
 from txbroker.server.access import Access
+from txbroker.server.http.bodies import decode, json_response, read_json
 from txbroker.server.http.guard import guarded, principal, redirecting
-from txbroker.server.http.messaging import _decode, _json, _read_json
 from txbroker.server.http.types import (
     ExtendRequest,
     NackReceipts,
@@ -72,26 +72,26 @@ class Receiving:
 
     async def receive(self, request: Request) -> Response:
         group, topic = self._names(request)
-        r = _decode(await _read_json(request), ReceiveRequest)
+        r = decode(await read_json(request), ReceiveRequest)
         got = await self._receiver.receive(
             group, topic, max_messages=r.max, wait_ms=r.wait_ms, invisible_ms=r.invisible_ms
         )
-        return _json(ReceivedMessages([_received(m) for m in got]), 200)
+        return json_response(ReceivedMessages([_received(m) for m in got]), 200)
 
     async def ack(self, request: Request) -> Response:
         group, topic = self._names(request)
-        r = _decode(await _read_json(request), ReceiptList)
-        return _json(await self._receiver.ack(group, topic, r.receipts), 200)
+        r = decode(await read_json(request), ReceiptList)
+        return json_response(await self._receiver.ack(group, topic, r.receipts), 200)
 
     async def nack(self, request: Request) -> Response:
         group, topic = self._names(request)
-        r = _decode(await _read_json(request), NackReceipts)
-        return _json(await self._receiver.nack(group, topic, r.receipts, r.delay_ms), 200)
+        r = decode(await read_json(request), NackReceipts)
+        return json_response(await self._receiver.nack(group, topic, r.receipts, r.delay_ms), 200)
 
     async def extend(self, request: Request) -> Response:
         group, topic = self._names(request)
-        r = _decode(await _read_json(request), ExtendRequest)
-        return _json(self._receiver.extend(group, topic, r.receipts, r.invisible_ms), 200)
+        r = decode(await read_json(request), ExtendRequest)
+        return json_response(self._receiver.extend(group, topic, r.receipts, r.invisible_ms), 200)
 
     def _names(self, request: Request) -> tuple[str, str]:
         """The path's group and topic, once the token may consume the topic (before the body
