@@ -1,19 +1,10 @@
 """``make demo`` (``python -m examples.demo``): the whole guarantee, holding while processes crash.
 
 Starts a broker on embedded storage and the three example services (SQLite files by default,
-one throwaway PostgreSQL database with ``--database-url``), places a few thousand orders
-through the orders service's HTTP API while faults are injected, waits for everything to
-settle, and prints what every database and the broker hold. Faults, each a real SIGKILL at
-the worst moment (see ``txbroker_sdk/faults.py``), with the supervisor restarting the victim:
-
-* the orders service dies between its database commit and END_TX (the back-check commits);
-* billing and inventory die between their inbox commit and the ack (the redelivery is skipped);
-* the outbox relay dies between a send and marking the row (the resend is deduplicated);
-* billing's handler fails after its insert on a few percent of messages (rolled back, retried).
-
-Then it proves the same with the Spark reconciliation (``txbroker reconcile``) over the
-services' tables and the broker's log, an independent check: the two must agree. Exit status 0
-only if both find no anomaly.
+one throwaway PostgreSQL database with ``--database-url``), places a few thousand orders while
+real SIGKILLs hit each service at its worst moment (:func:`run_demo` lists them), waits for
+everything to settle, and prints what every database and the broker hold. Then the Spark
+reconciliation checks the same, independently: exit status 0 only if both find no anomaly.
 """
 
 from __future__ import annotations
@@ -106,6 +97,14 @@ async def _databases(opts: DemoOptions, work: Path) -> AsyncIterator[dict[str, s
 
 
 async def run_demo(opts: DemoOptions) -> int:
+    """The faults, each a real SIGKILL at the worst moment (see ``txbroker_sdk/faults.py``), with
+    the supervisor restarting the victim:
+
+    * the orders service dies between its database commit and END_TX (the back-check commits);
+    * billing and inventory die between their inbox commit and the ack (the redelivery is skipped);
+    * the outbox relay dies between a send and marking the row (the resend is deduplicated);
+    * billing's handler fails after its insert on a few percent of messages (rolled back, retried).
+    """
     work = opts.work_dir or Path(tempfile.mkdtemp(prefix="txb-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)

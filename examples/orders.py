@@ -3,15 +3,10 @@
     python -m examples.orders --db sqlite:///orders.db --broker txb://127.0.0.1:9876 \\
         --port 8000 --secret s3cret
 
-``POST /orders {"id": "o1", "item": "lamp", "qty": 1, "amount_cents": 1999}``:
-
-* 201 with the order: the row is committed and the ``orders`` message will be delivered;
-* 409: an order with this id exists already (a retried request whose first attempt committed);
-* 422: the order breaks a business rule (qty not in 1..10): no row, no message;
-* 503: the broker could not be reached, or a back-check fenced this attempt: retry it.
-
-The handler's transaction also puts an ``inventory`` message in the outbox, which the relay
-(``txbroker outbox relay``) publishes for the inventory service.
+``POST /orders`` commits the order row and publishes ``orders`` with ``@transactional``
+(:func:`create_app` lists its answers). The handler's transaction also puts an ``inventory``
+message in the outbox, which the relay (``txbroker outbox relay``) publishes for the inventory
+service.
 """
 
 from __future__ import annotations
@@ -56,7 +51,16 @@ class Declined(Exception):
 def create_app(
     engine: AsyncEngine, client: Client, *, secret: str, public_url: str
 ) -> tuple[Starlette, dict[str, int]]:
-    """The service's HTTP app and its counters. ``public_url`` is where the broker reaches it."""
+    """The service's HTTP app and its counters. ``public_url`` is where the broker reaches it.
+
+    ``POST /orders {"id": "o1", "item": "lamp", "qty": 1, "amount_cents": 1999}``:
+
+    * 201 with the order: the row is committed and the ``orders`` message will be delivered;
+    * 409: an order with this id exists already (a retried request whose first attempt
+      committed);
+    * 422: the order breaks a business rule (qty not in 1..10): no row, no message;
+    * 503: the broker could not be reached, or a back-check fenced this attempt: retry it.
+    """
     counters = {"placed": 0, "duplicates": 0, "declined": 0, "fenced": 0, "unavailable": 0}
     app = Starlette()
     # One line: the broker's check-backs are answered from the barrier table.

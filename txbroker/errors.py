@@ -42,7 +42,7 @@ The tree, with the behaviour each category carries as class attributes::
         ├── CorruptLog            a record failed its checks where the log must be intact
         └── StoreLocked           another process holds the data directory
 
-Codes are stable: they travel on the wire (issue 3) and appear in logs and tests.
+Codes are stable: they travel on the wire and appear in logs and tests.
 """
 
 from __future__ import annotations

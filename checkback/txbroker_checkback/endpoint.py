@@ -1,19 +1,12 @@
 """The service side: a Starlette endpoint that answers the broker's check-backs.
 
-    from txbroker_checkback import CheckbackEndpoint
-
     endpoint = CheckbackEndpoint(resolver, secrets)
     app = Starlette(routes=[Route("/txb/check", endpoint, methods=["POST"])])
 
-``resolver(request) -> CheckStatus`` decides (issue 5's barrier-backed resolver, or any
-callable, sync or async). ``secrets`` maps producer group to its shared secret. Requests with
-a missing, stale or wrong signature get 401; malformed JSON gets 400; the resolver's answer
-goes back as ``{"status": ...}``. A resolver that raises answers 500, which the broker reads as
-UNKNOWN: a service error can never turn into a COMMIT.
-
-Each request is a SERVER span ``check {producer group}`` (``txbroker_checkback.spans``), the
-child of the broker's CLIENT span through the ``traceparent`` header; ``tracer`` overrides the
-OpenTelemetry API's global one.
+``resolver(request) -> CheckStatus`` decides (the SDK's barrier-backed resolver, or any
+callable, sync or async); ``secrets`` maps producer group to its shared secret. A resolver that
+raises answers 500, which the broker reads as UNKNOWN: a service error can never turn into a
+COMMIT. :class:`CheckbackEndpoint` gives the other answers and the span.
 """
 
 from __future__ import annotations
@@ -42,7 +35,14 @@ Resolver = Callable[[CheckRequest], CheckStatus | Awaitable[CheckStatus]]
 
 
 class CheckbackEndpoint:
-    """An ASGI app for one route: mount it at the check URL the producer registers."""
+    """An ASGI app for one route: mount it at the check URL the producer registers.
+
+    Requests with a missing, stale or wrong signature get 401; malformed JSON gets 400; the
+    resolver's answer goes back as ``{"status": ...}``, and a resolver that raises answers 500.
+    Each request is a SERVER span ``check {producer group}`` (``txbroker_checkback.spans``), the
+    child of the broker's CLIENT span through the ``traceparent`` header; ``tracer`` overrides
+    the OpenTelemetry API's global one.
+    """
 
     def __init__(
         self,

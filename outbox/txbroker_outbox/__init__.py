@@ -1,15 +1,11 @@
 """The transactional outbox: write a message in the business transaction; a relay publishes it.
 
-    from txbroker_outbox import Relay, add
+async with sessions() as session, session.begin():
+    await session.execute(orders.insert().values(id="o-42"))
+    await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
 
-    async with sessions() as session, session.begin():
-        await session.execute(orders.insert().values(id="o-42"))
-        await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
-
-    relay = Relay(client, engine, namespace="orders-db")  # or: txbroker outbox relay --url URL
-    await relay.run(stop)
-
-The outbox publishes through the SDK's client; nothing in the SDK depends on it.
+relay = Relay(client, engine, namespace="orders-db")  # or: txbroker outbox relay --url URL
+await relay.run(stop)
 """
 
 from txbroker_outbox.relay import Relay

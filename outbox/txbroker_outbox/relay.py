@@ -3,27 +3,10 @@
     relay = Relay(client, engine, namespace="orders-db")
     await relay.run(stop)  # until the stop event is set
 
-It sends each row with the idempotency key ``outbox:<namespace>:<id>``, marks it published and
-commits. Several relays may run: on PostgreSQL the claim locks its rows (``FOR UPDATE SKIP
-LOCKED``), on SQLite it holds the database's write lock, so a row is in one relay's hands at a
-time. A relay that dies between a send and its mark sends the row again and the broker answers
-with the original receipt (``duplicate``), so no second copy is stored, as long as the resend
-comes within the broker's ``dedup_window_ms`` (24 h by default): a row left unmarked longer
-than that is stored twice.
-
-With ``ordered`` (the default) rows of one key are published in id order, also across relays: a
-row waits while an earlier unpublished row of its key is outside this relay's batch. It wakes on
-PostgreSQL's NOTIFY (sent by :func:`txbroker_outbox.add` when its transaction commits) and
-polls on SQLite.
-
-With tracing on, each send is a PRODUCER span ``send {topic}``, the child of the span the row
-was written in (its ``traceparent`` header), and the message carries the relay span's
-``traceparent`` instead, so a consumer's ``process`` span is the relay span's child.
-
-Stopping is bounded by ``shutdown_timeout_s``: a round in progress when ``stop`` is set gets
-that long to finish (with the broker gone it would keep reconnecting), then is cancelled; its
-rows stay unpublished, and any it had sent are sent again later under the same idempotency
-keys, so the broker stores them once.
+Each row goes with the idempotency key ``outbox:<namespace>:<id>``, then is marked published, so
+a relay that dies between the two sends it again and the broker keeps one copy (within its
+``dedup_window_ms``). Several relays may run; rows of one key go in id order. :class:`Relay`
+says how claims, ordering, tracing and stopping work.
 """
 
 from __future__ import annotations
@@ -77,7 +60,30 @@ class _Round:
 
 class Relay:
     """Publishes the outbox of ``engine``'s database through ``client``. ``namespace`` names
-    that database in idempotency keys (row ids are unique only within one database)."""
+    that database in idempotency keys (row ids are unique only within one database).
+
+    It sends each row with the idempotency key ``outbox:<namespace>:<id>``, marks it published and
+    commits. Several relays may run: on PostgreSQL the claim locks its rows (``FOR UPDATE SKIP
+    LOCKED``), on SQLite it holds the database's write lock, so a row is in one relay's hands at a
+    time. A relay that dies between a send and its mark sends the row again and the broker answers
+    with the original receipt (``duplicate``), so no second copy is stored, as long as the resend
+    comes within the broker's ``dedup_window_ms`` (24 h by default): a row left unmarked longer
+    than that is stored twice.
+
+    With ``ordered`` (the default) rows of one key are published in id order, also across relays: a
+    row waits while an earlier unpublished row of its key is outside this relay's batch. It wakes on
+    PostgreSQL's NOTIFY (sent by :func:`txbroker_outbox.add` when its transaction commits) and
+    polls on SQLite.
+
+    With tracing on, each send is a PRODUCER span ``send {topic}``, the child of the span the row
+    was written in (its ``traceparent`` header), and the message carries the relay span's
+    ``traceparent`` instead, so a consumer's ``process`` span is the relay span's child.
+
+    Stopping is bounded by ``shutdown_timeout_s``: a round in progress when ``stop`` is set gets
+    that long to finish (with the broker gone it would keep reconnecting), then is cancelled; its
+    rows stay unpublished, and any it had sent are sent again later under the same idempotency
+    keys, so the broker stores them once.
+    """
 
     def __init__(
         self,

@@ -1,13 +1,12 @@
 """Writing to the outbox: a message row inserted in the caller's own transaction.
 
     async with sessions() as session, session.begin():
-        await session.execute(orders.insert().values(id="o-42"))
         await add(session, "orders", {"id": "o-42"}, key="o-42")  # commits with the order
 
 The row commits or rolls back with the business rows; a relay (:mod:`txbroker_outbox.relay`)
 publishes it afterwards. With tracing on, the row's headers keep the current span's
-``traceparent`` (a caller's own ``traceparent`` header wins), so the relay's ``send`` span joins
-the trace the row was written in.
+``traceparent`` (a caller's own wins), so the relay's ``send`` span joins the trace the row was
+written in.
 """
 
 from __future__ import annotations

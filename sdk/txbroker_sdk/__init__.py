@@ -5,9 +5,8 @@ each message exactly once in your own database.
     from txbroker_sdk import Client, Consumer            # the plain client
     from txbroker_sdk.errors import BrokerUnreachable    # every error, under TxbError
 
-The client and consumer need only the base install; the rest needs the ``sdk`` extra
-(SQLAlchemy and a driver) and is imported on first use, so a process that only sends messages
-does not load SQLAlchemy.
+The database side needs the ``sdk`` extra (SQLAlchemy and a driver) and is imported on first
+use, so a process that only sends messages does not load SQLAlchemy.
 """
 
 from __future__ import annotations

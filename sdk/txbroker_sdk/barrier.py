@@ -1,15 +1,9 @@
 """The local-transaction barrier: a check-back can never disagree with the service's database.
 
 The business transaction inserts ``txb_local_tx(tx_id, 'committed')`` (:func:`record_commit`)
-before it commits. A back-check inserts ``(tx_id, 'rolled_back')`` if no row exists
-(:class:`BarrierResolver`):
-
-* its row wins → the answer is ROLLBACK, and the business transaction, if it is still open,
-  fails on the primary key when it commits (or at its insert): it rolls back, as answered;
-* a ``committed`` row is there → COMMIT.
-
-While the business transaction is open, the check's insert waits for it (PostgreSQL waits on
-the uncommitted key; SQLite on the write lock), so the answer always matches the outcome.
+before it commits; a back-check inserts ``(tx_id, 'rolled_back')`` if no row exists
+(:class:`BarrierResolver`). Whichever row is there answers the check, and while the business
+transaction is open the check's insert waits for it, so the answer always matches the outcome.
 """
 
 from __future__ import annotations
@@ -112,7 +106,15 @@ def _fenced(tx_id: str) -> TransactionFenced:
 
 
 class BarrierResolver:
-    """A check-back resolver backed by the barrier table (pass it to CheckbackEndpoint)."""
+    """A check-back resolver backed by the barrier table (pass it to CheckbackEndpoint).
+
+    * its ``rolled_back`` row wins → the answer is ROLLBACK, and the business transaction, if it
+      is still open, fails on the primary key when it commits (or at its insert): it rolls
+      back, as answered;
+    * a ``committed`` row is there → COMMIT.
+
+    An open business transaction makes the check's insert wait (PostgreSQL waits on the
+    uncommitted key; SQLite on the write lock)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine

@@ -72,7 +72,9 @@ class Client(Connection):
             "tls_key": tls_key,
         }
         if cls is Client and is_nameserver_url(url):
-            from txbroker_sdk.cluster import ClusterClient  # which imports this module
+            # Imported here: ClusterClient is built on Client (cluster.py imports this module),
+            # and this is the one entry point that picks either by the URL.
+            from txbroker_sdk.cluster import ClusterClient
 
             return cast("Self", await ClusterClient.connect(url, **options))
         return await super().connect(url, **options)

@@ -3,25 +3,10 @@
     async with await Client.connect("txbns://10.0.0.1:9878,10.0.0.2:9878") as client:
         await client.send("orders", b"...", key="order-42")
 
-``Client.connect`` given a ``txbns://`` URL returns a :class:`ClusterClient` (not connected yet:
-``ClusterClient(url)``, or :func:`client_for` for either kind of URL): a ``Client`` whose
-requests are routed. A send picks the topic's queue as a single broker does (the key's CRC32C
-modulo the topic's queues over all groups, else round-robin), finds the group holding that queue
-in the topic's route, and sends to that group's master with the queue's id there; a prepared
-transaction is ended at the broker that holds it. Routes come from any NameServer that answers
-(in the URL's order, moving on when one does not), are kept for ``refresh_s`` (30 s) and fetched
-again at once after a routing error: the group's broker unreachable before the request was sent,
-the topic or the queue unknown there. A request whose connection broke after it was sent is not
-sent again (it may have been stored): it fails as with one broker, and the route is fetched
-again for the next.
-
-A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer group
-on every group's master holding the topic's queues and pulls from all of them.
-
-``submit`` and ``post`` (what ``TxPublisher`` pipelines) are routed too, each as a task rather
-than a frame written in the caller's turn. A batch is split by group (all or nothing within
-each group, not across groups). Not routed in this version: the operator requests (topic
-listing and deletion, offsets, dead letters), which need a broker's own address.
+A :class:`ClusterClient` is a ``Client`` whose requests are routed: each to the master of the
+group holding the queue it picks, with routes from any NameServer that answers, kept for
+``refresh_s`` and fetched again after a routing error. The operator requests (topic listing and
+deletion, offsets, dead letters) are not routed: they need a broker's own address.
 """
 
 from __future__ import annotations
@@ -131,10 +116,28 @@ def client_for(url: str, **options: Any) -> Client:
 
 
 class ClusterClient(Client):
-    """A :class:`Client` over broker groups, through NameServers (see the module's text).
+    """A :class:`Client` over broker groups, through NameServers.
     Made by ``Client.connect("txbns://...")``, or ``ClusterClient("txbns://...")`` to connect
-    on first use; the options are those of ``Client`` and apply to every connection it opens,
-    plus ``refresh_s``."""
+    on first use (:func:`client_for` for either kind of URL); the options are those of
+    ``Client`` and apply to every connection it opens, plus ``refresh_s``.
+
+    A send picks the topic's queue as a single broker does (the key's CRC32C modulo the topic's
+    queues over all groups, else round-robin), finds the group holding that queue in the topic's
+    route, and sends to that group's master with the queue's id there; a prepared transaction
+    is ended at the broker that holds it. Routes come from any NameServer that answers (in the
+    URL's order, moving on when one does not), are kept for ``refresh_s`` (30 s) and fetched
+    again at once after a routing error: the group's broker unreachable before the request was
+    sent, the topic or the queue unknown there. A request whose connection broke after it was
+    sent is not sent again (it may have been stored): it fails as with one broker, and the route
+    is fetched again for the next.
+
+    A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer
+    group on every group's master holding the topic's queues and pulls from all of them.
+
+    ``submit`` and ``post`` (what ``TxPublisher`` pipelines) are routed too, each as a task
+    rather than a frame written in the caller's turn. A batch is split by group (all or nothing
+    within each group, not across groups).
+    """
 
     def __init__(
         self,

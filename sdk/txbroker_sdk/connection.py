@@ -4,21 +4,8 @@ failed attempt logged) and reconnecting. :class:`~txbroker_sdk.client.Client` ad
 broker's requests by name.
 
 Answers are decoded in the connection's protocol callback as their bytes arrive, not by a reader
-task: a task awaiting ``StreamReader.read`` costs, per read, two coroutines, a future and a trip
-through the event loop, which in a CPU-bound service (`txbroker bench service`) was a measurable
-part of what messaging adds to a business transaction.
-
-A connection that has sent nothing for ``keepalive_s`` (60 s) sends a PING: the broker closes
-authenticated connections that stay silent for its ``idle_timeout_ms`` (5 minutes by default),
-and a service that publishes rarely should not find its connection gone, and its next request
-failed, because of a quiet hour. A connection limit of the broker (``ConnectionLimit``: idle,
-too many connections, over the frame rate) closes the connection as ``ConnectionClosed``, so
-the next request connects again.
-
-A ``txbs://`` URL connects with TLS (``txbroker.runtime.tls.client_context``): the broker's
-certificate is checked against ``tls_ca`` (default: the system's CAs) and must name the URL's
-host; ``tls_cert`` and ``tls_key`` answer a broker that asks for a client certificate. A failed
-handshake raises :class:`TlsFailed` at once (retrying would fail the same way).
+task: a reader task costs two coroutines, a future and a trip through the event loop per read,
+a real share of what messaging adds to a CPU-bound service's business transaction.
 """
 
 from __future__ import annotations
@@ -64,7 +51,19 @@ class Connection:
     fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
     key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
     seconds. A connection that sent nothing for ``keepalive_s`` pings the broker (0: never), so
-    the broker's idle timeout does not close it."""
+    the broker's idle timeout does not close it.
+
+    Why the keep-alive: the broker closes authenticated connections that stay silent for its
+    ``idle_timeout_ms`` (5 minutes by default), and a service that publishes rarely should not find
+    its connection gone, and its next request failed, because of a quiet hour. A connection limit of
+    the broker (``ConnectionLimit``: idle, too many connections, over the frame rate) closes the
+    connection as ``ConnectionClosed``, so the next request connects again.
+
+    A ``txbs://`` URL connects with TLS (``txbroker.runtime.tls.client_context``): the broker's
+    certificate is checked against ``tls_ca`` (default: the system's CAs) and must name the URL's
+    host; ``tls_cert`` and ``tls_key`` answer a broker that asks for a client certificate. A failed
+    handshake raises :class:`TlsFailed` at once (retrying would fail the same way).
+    """
 
     def __init__(
         self,

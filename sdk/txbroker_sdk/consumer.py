@@ -5,16 +5,8 @@
             handle(msg.body)
             msg.ack()
 
-Messages of one queue arrive in queue order. The offset committed for a queue is the lowest
-offset not yet acknowledged, so a crash or a rebalance redelivers what was in flight (at least
-once) and never skips an unacknowledged message.
-
-Given a :class:`~txbroker_sdk.cluster.ClusterClient` (NameServers), the consumer is one
-consumer per broker group holding the topic's queues, each on that group's master, pulled
-together: ``fetch`` answers with whichever has messages first. The route is looked at every
-``ROUTE_CHECK_S`` and after a group's pull fails: a group added is joined, and a group whose
-master changed is joined afresh at the new master, from the offsets committed there (never
-from positions read at the old one, whose queue offsets may hold other records there).
+Messages of one queue arrive in queue order. The committed offset is the lowest not yet
+acknowledged, so a crash or a rebalance redelivers what was in flight, never skips a message.
 """
 
 from __future__ import annotations
@@ -100,6 +92,16 @@ class ConsumedMessage:
 
 
 class Consumer:
+    """One member of a consumer group, on one broker or across a cluster's broker groups.
+
+    Given a :class:`~txbroker_sdk.cluster.ClusterClient` (NameServers), the consumer is one
+    consumer per broker group holding the topic's queues, each on that group's master, pulled
+    together: ``fetch`` answers with whichever has messages first. The route is looked at every
+    ``ROUTE_CHECK_S`` and after a group's pull fails: a group added is joined, and a group whose
+    master changed is joined afresh at the new master, from the offsets committed there (never
+    from positions read at the old one, whose queue offsets may hold other records there).
+    """
+
     def __init__(
         self,
         client: Client,

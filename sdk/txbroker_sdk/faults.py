@@ -1,24 +1,10 @@
 """Crash points: kill this process at a named point of the SDK, for crash tests and the demo.
 
-The guarantees the SDK gives are about processes dying at the worst moment, so the tests and
-``make demo`` need to make them die exactly there, with a real ``SIGKILL`` (no ``finally``,
-no atexit, no flush). Each window the SDK cares about calls :func:`point` with its name; the
-call does nothing unless the environment arms that point:
-
-    TXB_FAULTS="after_db_commit=0.02"            # die at 2 % of the passes
-    TXB_FAULTS="relay_after_send=@3"             # die at the 3rd pass
-    TXB_FAULTS="before_db_commit=@1,after_ack=0" # several points, comma-separated
-
-Points: ``before_db_commit`` and ``after_db_commit`` (@transactional), ``after_inbox_commit``
-(@subscriber: committed, not acknowledged), ``relay_after_send`` (outbox relay: published, not
-marked). Unarmed, a point costs one dictionary lookup.
-
-Drops are armed the same way but do not kill: the request is not sent, as if the network had
-lost it, and the process lives on (its spans and logs leave normally). ``drop_end_tx``
-(@transactional: the database committed, the END_TX is never posted; its back-check commits
-the message):
-
-    TXB_FAULTS="drop_end_tx=@1"                  # the first transaction's END_TX is lost
+The SDK's guarantees are about processes dying at the worst moment, so tests and ``make demo``
+make them die exactly there, with a real ``SIGKILL`` (no ``finally``, no atexit, no flush). Each
+window calls :func:`point` with its name, which does nothing unless ``TXB_FAULTS`` arms it;
+unarmed, a point costs one dictionary lookup. Drops (:func:`dropped`) are armed the same way but
+do not kill: the request is not sent, as if the network had lost it.
 """
 
 from __future__ import annotations
@@ -92,13 +78,30 @@ def _hit(name: str) -> bool:
 
 
 def point(name: str) -> None:
-    """Die here, by SIGKILL, if this point is armed and its turn has come."""
+    """Die here, by SIGKILL, if this point is armed and its turn has come.
+
+    Armed by the environment::
+
+        TXB_FAULTS="after_db_commit=0.02"            # die at 2 % of the passes
+        TXB_FAULTS="relay_after_send=@3"             # die at the 3rd pass
+        TXB_FAULTS="before_db_commit=@1,after_ack=0" # several points, comma-separated
+
+    Points: ``before_db_commit`` and ``after_db_commit`` (@transactional), ``after_inbox_commit``
+    (@subscriber: committed, not acknowledged), ``relay_after_send`` (outbox relay: published, not
+    marked).
+    """
     assert name in POINTS, name
     if _hit(name):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def dropped(name: str) -> bool:
-    """True if this drop is armed and its turn has come: skip the request it names."""
+    """True if this drop is armed and its turn has come: skip the request it names.
+
+    The process lives on (its spans and logs leave normally). ``drop_end_tx`` (@transactional: the
+    database committed, the END_TX is never posted; its back-check commits the message)::
+
+        TXB_FAULTS="drop_end_tx=@1"                  # the first transaction's END_TX is lost
+    """
     assert name in DROPS, name
     return _hit(name)

@@ -3,29 +3,9 @@
     report = await clean_up(engine, keep=timedelta(days=7))  # once (``txbroker db clean``)
     await Retention(engine, keep=timedelta(days=7)).run(stop)  # every 10 minutes until stop
 
-Rows go in batches of ``batch_size``, each batch its own short transaction, so clean-up never
-holds locks for long nor builds one huge transaction, and on PostgreSQL it skips rows another
-transaction has locked (they go next round).
-
-``keep`` is a safety horizon, not a tidiness setting; each table has its reason:
-
-* ``txb_local_tx`` (the barrier) must outlive every back-check the broker may still send. A
-  check that finds no row records ``rolled_back`` and answers ROLLBACK
-  (:class:`txbroker_sdk.barrier.BarrierResolver`), so deleting the ``committed`` row of a
-  transaction whose END_TX never arrived turns a committed business transaction into a
-  discarded message. With the broker's defaults checks stop after about 45 minutes, but a
-  transaction whose check endpoint is unreachable is checked for as long as that lasts, and a
-  parked one stays open until an operator resumes it (which checks again at once): ``keep``
-  must exceed the age of the oldest open transaction (``txbroker tx list``).
-* ``txb_inbox`` must outlive every redelivery, or a redelivered message is applied twice. A
-  message is redelivered after a crash between commit and ack once its queue is read again (a
-  group down for days redelivers days later), and retried messages come back for up to the
-  retry schedule (about 1 h 46 min with the defaults).
-* ``txb_outbox``: a published row is no longer needed; an unpublished one is never deleted,
-  however old (deleting it would lose the message). The row with the highest id stays too:
-  SQLite would hand a deleted highest id out again, and the relay's idempotency key is made of
-  the id, so the broker would take the new message for the old one and drop it.
-
+Rows go in batches of ``batch_size``, each its own short transaction, so clean-up never holds
+locks for long; on PostgreSQL it skips rows another transaction has locked (they go next round).
+``keep`` is a safety horizon, not a tidiness setting: :func:`clean_up` says why for each table.
 On SQLite the times are UTC text (``CURRENT_TIMESTAMP``), compared with a UTC cut-off.
 """
 
@@ -72,7 +52,27 @@ async def clean_up(
     now: datetime | None = None,
 ) -> CleanupReport:
     """Delete barrier and inbox rows older than ``keep`` and outbox rows published longer than
-    ``keep`` ago (never unpublished ones), ``batch_size`` rows per transaction."""
+    ``keep`` ago (never unpublished ones), ``batch_size`` rows per transaction.
+
+    ``keep`` is a safety horizon; each table has its reason:
+
+    * ``txb_local_tx`` (the barrier) must outlive every back-check the broker may still send. A
+      check that finds no row records ``rolled_back`` and answers ROLLBACK
+      (:class:`txbroker_sdk.barrier.BarrierResolver`), so deleting the ``committed`` row of a
+      transaction whose END_TX never arrived turns a committed business transaction into a
+      discarded message. With the broker's defaults checks stop after about 45 minutes, but a
+      transaction whose check endpoint is unreachable is checked for as long as that lasts, and a
+      parked one stays open until an operator resumes it (which checks again at once): ``keep``
+      must exceed the age of the oldest open transaction (``txbroker tx list``).
+    * ``txb_inbox`` must outlive every redelivery, or a redelivered message is applied twice. A
+      message is redelivered after a crash between commit and ack once its queue is read again (a
+      group down for days redelivers days later), and retried messages come back for up to the
+      retry schedule (about 1 h 46 min with the defaults).
+    * ``txb_outbox``: a published row is not needed any more; an unpublished one is never deleted,
+      however old (deleting it would lose the message). The row with the highest id stays too:
+      SQLite would hand a deleted highest id out again, and the relay's idempotency key is made of
+      the id, so the broker would take the new message for the old one and drop it.
+    """
     _check(keep, batch_size)
     current = now or datetime.now(UTC)
     if current.tzinfo is None:

@@ -1,38 +1,12 @@
 """``@subscriber``: apply each message exactly once in the consumer's own database.
 
-    subscribers = Subscribers(client, sessionmaker)
-
     @subscribers.subscriber("orders", group="billing", concurrency=8, order="key")
-    async def charge(session: AsyncSession, msg: ConsumedMessage) -> None:
-        await session.execute(payments.insert().values(order=msg.body))
-
-    await subscribers.run(stop)  # until the stop event is set
+    async def charge(session: AsyncSession, msg: ConsumedMessage) -> None: ...
 
 Per message, in one database transaction: insert ``txb_inbox(group, message_id)``, run the
-handler, commit; then acknowledge. A redelivery (the process died after its commit, before its
-ack) finds the inbox row and is acknowledged without running the handler again. A handler that
-raises rolls its transaction back and the message is nacked: retried after a delay, then
-dead-lettered.
-
-Concurrency: up to ``concurrency`` messages of a subscription are handled at once, in lanes
-(:mod:`txbroker_sdk.lanes`). ``order="queue"`` keeps one lane per queue, so a queue's messages are
-handled one after the other, in order; ``order="key"`` keeps one lane per message key within a
-queue, so only messages with the same key wait for each other (a message without a key has no
-order to keep and gets a lane of its own). Each handler holds a database connection, so keep
-``concurrency`` within the engine's pool size. SQLite has one writer at a time: there the
-transactions of all subscriptions take turns (in this process; a handler waiting for SQLite's
-lock instead would fail after its busy timeout and be retried for nothing).
-
-Back-pressure: the runner stops fetching while ``4 * concurrency`` messages are waiting or
-running (it pulls 4 at a time), so a slow handler never makes it buffer without bound.
-
-Shutdown, bounded by ``shutdown_timeout_s`` (5 s by default, within ``docker stop``'s 10 s):
-once ``stop`` is set, nothing more is fetched (a fetch waiting on a broker that is gone is
-dropped at once) and nothing new starts; running handlers get the grace to finish and be
-acknowledged, then are cancelled (their transaction rolls back). Offsets are committed in what
-is left of the grace (at least :data:`COMMIT_AT_LEAST_S`), so what finished is not delivered
-again; what did not finish or never started is redelivered to the group (as is what finished,
-if the commit could not be made: the inbox skips it then).
+handler, commit; then acknowledge. A redelivery finds the inbox row and is acknowledged without
+running the handler again; a handler that raises rolls back and the message is nacked (retried,
+then dead-lettered). :class:`Subscribers` says how concurrency, back-pressure and shutdown work.
 """
 
 from __future__ import annotations
@@ -199,6 +173,38 @@ class _Subscription:
 
 
 class Subscribers:
+    """The subscriptions of one process, run until a stop event::
+
+        subscribers = Subscribers(client, sessionmaker)
+
+        @subscribers.subscriber("orders", group="billing", concurrency=8, order="key")
+        async def charge(session: AsyncSession, msg: ConsumedMessage) -> None:
+            await session.execute(payments.insert().values(order=msg.body))
+
+        await subscribers.run(stop)  # until the stop event is set
+
+    Concurrency: up to ``concurrency`` messages of a subscription are handled at once, in lanes
+    (:mod:`txbroker_sdk.lanes`). ``order="queue"`` keeps one lane per queue, so a queue's messages
+    are handled one after the other, in order; ``order="key"`` keeps one lane per message key
+    within a queue, so only messages with the same key wait for each other (a message without a
+    key has no order to keep and gets a lane of its own). Each handler holds a database
+    connection, so keep ``concurrency`` within the engine's pool size. SQLite has one writer at a
+    time: there the transactions of all subscriptions take turns (in this process; a handler
+    waiting for SQLite's lock instead would fail after its busy timeout and be retried for
+    nothing).
+
+    Back-pressure: the runner stops fetching while ``4 * concurrency`` messages are waiting or
+    running (it pulls 4 at a time), so a slow handler never makes it buffer without bound.
+
+    Shutdown, bounded by ``shutdown_timeout_s`` (5 s by default, within ``docker stop``'s 10 s):
+    once ``stop`` is set, nothing more is fetched (a fetch waiting on a broker that is gone is
+    dropped at once) and nothing new starts; running handlers get the grace to finish and be
+    acknowledged, then are cancelled (their transaction rolls back). Offsets are committed in what
+    is left of the grace (at least :data:`COMMIT_AT_LEAST_S`), so what finished is not delivered
+    again; what did not finish or never started is redelivered to the group (as is what finished,
+    if the commit could not be made: the inbox skips it then).
+    """
+
     def __init__(
         self,
         client: Client,

@@ -1,20 +1,11 @@
 """``@transactional``: change the database and publish a message about it, both or neither.
 
-    publisher = TxPublisher(client, sessionmaker, producer_group="orders-svc",
-                            check_url="http://orders:8000/txb/check")
-
-    @publisher.transactional("orders", key=lambda order: order["id"])
-    async def place_order(session: AsyncSession, item: str) -> dict:
-        order = {"id": new_order_id(), "item": item}
-        await session.execute(orders.insert().values(**order))
-        return order  # the message body (JSON), sent only if this commits
-
 Per call, in one database transaction: run the function, then PREPARE the half message (its
 result is the body) while inserting the barrier row, and commit once both succeeded; then
 END_TX(commit), sent without waiting for its answer (``flush()`` waits). A failure before the
-database commit rolls back both (the half message is rolled back, or, if even that fails, its
-back-check finds no barrier row and answers ROLLBACK). A failure after the commit (the END_TX
-is lost) is left to the back-check, which finds the committed barrier row: COMMIT.
+database commit rolls back both (or its back-check finds no barrier row: ROLLBACK). A failure
+after the commit (the END_TX is lost) is left to the back-check, which finds the committed
+barrier row: COMMIT. :class:`TxPublisher` shows the use.
 """
 
 from __future__ import annotations
@@ -64,6 +55,18 @@ def encode_body(result: object) -> bytes:
 
 
 class TxPublisher:
+    """Publishes the result of a decorated function as a transactional message, both or neither::
+
+    publisher = TxPublisher(client, sessionmaker, producer_group="orders-svc",
+                            check_url="http://orders:8000/txb/check")
+
+    @publisher.transactional("orders", key=lambda order: order["id"])
+    async def place_order(session: AsyncSession, item: str) -> dict:
+        order = {"id": new_order_id(), "item": item}
+        await session.execute(orders.insert().values(**order))
+        return order  # the message body (JSON), sent only if this commits
+    """
+
     def __init__(
         self,
         client: Client,

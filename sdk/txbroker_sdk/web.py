@@ -1,40 +1,12 @@
 """FastAPI and Starlette integration: one object wires a web service to txbroker.
 
-    txb = TxbService(
-        broker="txb://127.0.0.1:9876",
-        database="postgresql://app@db/orders",
-        producer_group="orders-svc",
-        secret=os.environ["TXB_CHECK_SECRET"],
-        public_url="http://orders:8000",  # where the broker reaches this service
-    )
+    txb = TxbService(broker="txb://127.0.0.1:9876", database="postgresql://app@db/orders", ...)
     app = FastAPI(lifespan=txb.lifespan)  # or Starlette(routes=..., lifespan=txb.lifespan)
 
-    @txb.transactional("orders", key=lambda order: order["id"])
-    async def place_order(session: AsyncSession, order: dict) -> dict: ...
-
-    @txb.subscriber("payments", group="orders")
-    async def paid(session: AsyncSession, msg: ConsumedMessage) -> None: ...
-
-    @app.get("/orders/{order_id}")
-    async def get_order(order_id: str, session: AsyncSession = Depends(txb.session)): ...
-
 The decorators may run at import time, before anything is connected: they are bound when the
-app starts. The lifespan starts, in this order: the engine (with ``migrate``, the txbroker
-tables are upgraded; with ``create_tables``, the service's own are created); the txbroker tables
-checked, so a database without them fails here, saying to run ``txbroker db upgrade``; the
-broker connection (within ``connect_timeout_s``); the topics the decorators name (and
-``topics``) created if absent; the check-back endpoint mounted on the app at ``check_path``; the
-:class:`~txbroker_sdk.transactional.TxPublisher` built with ``public_url + check_path`` and the
-``@transactional`` functions bound to it; then the subscribers and the outbox relay started. At
-shutdown it undoes them in reverse order, all within ``shutdown_timeout_s``: the runners are
-stopped (running handlers finish or are cancelled, offsets committed), the functions unbound,
-the END_TX answers awaited, the endpoint unmounted, the client closed, the engine disposed.
-
-Route handlers get what the service opened through dependencies: ``Depends(txb.session)`` (an
-``AsyncSession``, closed after the request), ``Depends(txb.publisher)``, ``Depends(txb.client)``
-and ``Depends(txb.engine)``; outside FastAPI, call the same methods (``txb.publisher()``).
-
-Only Starlette is needed here (FastAPI is a Starlette app): the ``web`` extra adds FastAPI.
+app starts. :class:`TxbService` says what its lifespan starts and stops, in which order, and
+which dependencies route handlers get. Only Starlette is needed here (FastAPI is a Starlette
+app): the ``web`` extra adds FastAPI.
 """
 
 from __future__ import annotations
@@ -121,6 +93,42 @@ class TxbService:
     client and engine: ``lambda client, engine: Relay(client, engine, namespace="orders")``.
     ``migrate`` and ``create_tables`` are for development and examples; in production, run
     ``txbroker db upgrade`` and the service's own migrations before starting it.
+
+    ::
+
+        txb = TxbService(
+            broker="txb://127.0.0.1:9876",
+            database="postgresql://app@db/orders",
+            producer_group="orders-svc",
+            secret=os.environ["TXB_CHECK_SECRET"],
+            public_url="http://orders:8000",  # where the broker reaches this service
+        )
+        app = FastAPI(lifespan=txb.lifespan)
+
+        @txb.transactional("orders", key=lambda order: order["id"])
+        async def place_order(session: AsyncSession, order: dict) -> dict: ...
+
+        @txb.subscriber("payments", group="orders")
+        async def paid(session: AsyncSession, msg: ConsumedMessage) -> None: ...
+
+        @app.get("/orders/{order_id}")
+        async def get_order(order_id: str, session: AsyncSession = Depends(txb.session)): ...
+
+    The lifespan starts, in this order: the engine (with ``migrate``, the txbroker tables are
+    upgraded; with ``create_tables``, the service's own are created); the txbroker tables checked,
+    so a database without them fails here, saying to run ``txbroker db upgrade``; the broker
+    connection (within ``connect_timeout_s``); the topics the decorators name (and ``topics``)
+    created if absent; the check-back endpoint mounted on the app at ``check_path``; the
+    :class:`~txbroker_sdk.transactional.TxPublisher` built with ``public_url + check_path`` and the
+    ``@transactional`` functions bound to it; then the subscribers and the outbox relay started. At
+    shutdown it undoes them in reverse order, all within ``shutdown_timeout_s``: the runners are
+    stopped (running handlers finish or are cancelled, offsets committed), the functions unbound,
+    the END_TX answers awaited, the endpoint unmounted, the client closed, the engine disposed.
+
+    Route handlers get what the service opened through dependencies: ``Depends(txb.session)`` (an
+    ``AsyncSession``, closed after the request), ``Depends(txb.publisher)``,
+    ``Depends(txb.client)`` and ``Depends(txb.engine)``; outside FastAPI, call the same methods
+    (``txb.publisher()``).
     """
 
     def __init__(

@@ -1,19 +1,9 @@
 """The anomalies: each kind is one join, written here once (docs/reconciliation.md explains
 each in words, with the same names).
 
-Every check returns rows of one schema, :data:`ANOMALY_COLUMNS`:
-
-    kind     lost | phantom | duplicate | stuck
-    reason   which check found it (below)
-    topic    the message's topic (the intended one for halves and outbox rows)
-    service  the service whose table the row came from, when there is one
-    group    the consumer group, for consumer-side findings; the broker groups holding a
-             message stored in several (``g1,g2``)
-    id       the transaction id, outbox key, idempotency key, message id or effect value
-    at_ms    when the thing happened (local commit, store time, ...), epoch ms
-    copies   how many there are, for duplicates
-
-``cutoff_ms`` is "now minus the grace": anything younger is still in flight and not judged.
+Every check returns rows of one schema, :data:`ANOMALY_COLUMNS` (its comment says what each
+column holds). ``cutoff_ms`` is "now minus the grace": anything younger is still in flight and
+not judged.
 """
 
 from __future__ import annotations
@@ -49,6 +39,16 @@ REASONS: Final = {
     "dead-lettered": "stuck",
 }
 
+# The columns of every check's rows:
+#   kind     lost | phantom | duplicate | stuck
+#   reason   which check found it
+#   topic    the message's topic (the intended one for halves and outbox rows)
+#   service  the service whose table the row came from, when there is one
+#   group    the consumer group, for consumer-side findings; the broker groups holding a
+#            message stored in several (``g1,g2``)
+#   id       the transaction id, outbox key, idempotency key, message id or effect value
+#   at_ms    when the thing happened (local commit, store time, ...), epoch ms
+#   copies   how many there are, for duplicates
 ANOMALY_COLUMNS: Final = ("kind", "reason", "topic", "service", "group", "id", "at_ms", "copies")
 
 

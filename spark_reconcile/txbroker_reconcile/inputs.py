@@ -69,7 +69,7 @@ class Inputs:
     @property
     def halves(self) -> DataFrame:
         """Half messages, one per transaction. The broker copies an open one forward so it
-        outlives retention (``txbroker/tx/reput.py``): the copies are one transaction, the
+        outlives retention (``txbroker/tx/halfcopy.py``): the copies are one transaction, the
         newest says its state (``tx_state``), and ``store_ms`` is the PREPARE's (a copy
         keeps it as its born time)."""
         newest = Window.partitionBy("tx_id").orderBy(F.col("position").desc())

@@ -1,16 +1,10 @@
 """Latency per topic along the message's path, and the traffic over time.
 
-Three legs, each a join on the id both sides carry:
-
-    commit → store       txb_local_tx.created_at (or txb_outbox.created_at) to the visible
-                         record's store time; joined on the transaction id (the outbox key)
-    store → processed    the visible record's store time to txb_inbox.processed_at, per group;
-                         joined on the message id
-    commit → processed   the two above end to end, per group
-
-The services' times are their database's clock (PostgreSQL's ``now()`` is the transaction's
-start; SQLite's ``CURRENT_TIMESTAMP`` has whole seconds), the broker's its own: on one host
-they agree, across hosts they are as good as the hosts' clock sync.
+Three legs, each a join on the id both sides carry (:func:`legs`): commit → store, store →
+processed (per group), and the two end to end. The services' times are their database's clock
+(PostgreSQL's ``now()`` is the transaction's start; SQLite's ``CURRENT_TIMESTAMP`` has whole
+seconds), the broker's its own: on one host they agree, across hosts they are as good as the
+hosts' clock sync.
 """
 
 from __future__ import annotations
@@ -47,7 +41,16 @@ _ACCURACY: Final = 10_000  # percentile_approx's relative error is 1/accuracy
 
 
 def legs(i: Inputs) -> DataFrame:
-    """(topic, leg, group, ms): one row per measured leg of one message."""
+    """(topic, leg, group, ms): one row per measured leg of one message.
+
+    ::
+
+        commit → store       txb_local_tx.created_at (or txb_outbox.created_at) to the visible
+                             record's store time; joined on the transaction id (the outbox key)
+        store → processed    the visible record's store time to txb_inbox.processed_at, per
+                             group; joined on the message id
+        commit → processed   the two above end to end, per group
+    """
     # Transactional messages by transaction (the first copy when there are two: duplicates are
     # reported as such), partitioned like the committed rows they join.
     tx = i.tx_messages.select("tx_id", "topic", "message_id", "store_ms").join(

@@ -1,15 +1,9 @@
 """The commit log as a Spark table: a Python data source, ``spark.read.format("txbroker-log")``.
 
 One partition per segment file, read in the executors (the driver only lists file names), each
-yielding Arrow batches from :mod:`.segments`. Options:
-
-- ``path``: the broker's data directory or its ``commitlog/`` folder (required);
-- ``start``: JSON ``{"<segment file name>": <byte position>}``, where an incremental run resumes
-  (files it names at or past their size, and files not named, are read from 0 / skipped as
-  the map says: a named file is read from its position, an unnamed one from its start).
-
-Executors must see the same path (a shared disk); when they cannot, export the log to Parquet
-with ``txbroker log export`` and give the job that instead.
+yielding Arrow batches from :mod:`.segments`. Options are in :class:`LogDataSource`. Executors
+must see the same path (a shared disk); when they cannot, export the log to Parquet with
+``txbroker log export`` and give the job that instead.
 """
 
 from __future__ import annotations
@@ -39,6 +33,14 @@ class _SegmentPartition(InputPartition):
 
 
 class LogDataSource(DataSource):
+    """The ``txbroker-log`` format. Options:
+
+    - ``path``: the broker's data directory or its ``commitlog/`` folder (required);
+    - ``start``: JSON ``{"<segment file name>": <byte position>}``, where an incremental run
+      resumes: a named file is read from its position (skipped when that is at or past its
+      size), an unnamed one from its start.
+    """
+
     @classmethod
     def name(cls) -> str:
         return FORMAT

@@ -197,7 +197,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _logs(values: Sequence[str] | None) -> tuple[Path | None, tuple[LogSpec, ...]]:
-    """``--log DIR`` (one broker, as before) or ``--log GROUP=DIR`` once per broker group.
+    """``--log DIR`` (one broker) or ``--log GROUP=DIR`` once per broker group.
     A value is GROUP=DIR when what precedes its first ``=`` is a group name (no ``/``)."""
     if not values:
         return None, ()

@@ -1,15 +1,11 @@
 """Reading commit-log segment files into Arrow record batches, one row per record.
 
-This is the only place the reconciliation reads the broker's bytes, and it reads them through
-the broker's own record layout (:mod:`txbroker.store.record`), so the layout stays written
-once. It needs no Spark: the Spark data source (:mod:`.logsource`) calls it once per segment
-in its workers, and ``txbroker log export`` calls it to write Parquet.
-
-A damaged record never stops the read. It becomes a row with ``corrupt`` set to the reason,
-and the reader looks for the next record that checks (its magic number, then its sizes and
-CRC) and goes on from there. Damage at the very end of the newest segment is different: that is
-the record the broker is writing right now, so the read stops before it and a later
-incremental run starts there.
+The only place the reconciliation reads the broker's bytes, through the broker's own record
+layout (:mod:`txbroker.store.record`), so the layout stays written once. It needs no Spark: the
+data source (:mod:`.logsource`) calls it per segment, ``txbroker log export`` to write Parquet.
+A damaged record becomes a row with ``corrupt`` set to the reason, and the reader goes on from
+the next record that checks (magic, sizes, CRC). Damage at the very end of the newest segment
+is the record the broker is writing now: the read stops before it, and a later run starts there.
 """
 
 from __future__ import annotations

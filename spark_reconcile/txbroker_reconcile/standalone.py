@@ -1,19 +1,10 @@
 """A Spark standalone cluster from the installed pyspark: one master and one worker on loopback,
 for tests and for trying the job on a cluster on one machine (docs/reconciliation.md).
 
-The pip package ships ``bin/spark-class`` but not ``sbin/``'s start scripts, so the two daemons
-are started as ``spark-class org.apache.spark.deploy.master.Master`` and ``… worker.Worker``
-in the foreground, each a child process in a session of its own with its log in the cluster's
-directory. The master's web UI answers ``/json/`` with its state and workers: the cluster is
-ready when it says ALIVE with one alive worker.
-
     python -m txbroker_reconcile.standalone --port 7077
 
 starts one on 127.0.0.1, prints the master URL to give ``--master``, and stops it (executors
-included) on Ctrl-C or SIGTERM. From Python::
-
-    with StandaloneCluster() as cluster:
-        subprocess.run(["txbroker", "reconcile", "--master", cluster.master_url, ...])
+included) on Ctrl-C or SIGTERM. From Python, :class:`StandaloneCluster`.
 """
 
 from __future__ import annotations
@@ -81,7 +72,19 @@ class StandaloneCluster:
     ``directory``, a new temporary directory by default (removed by a clean :meth:`stop`,
     kept when the start failed so its logs can be read). Ports left at 0 are chosen free.
     Executors run ``python`` (default: this interpreter), so they import the same
-    txbroker_reconcile."""
+    txbroker_reconcile.
+
+    ::
+
+        with StandaloneCluster() as cluster:
+            subprocess.run(["txbroker", "reconcile", "--master", cluster.master_url, ...])
+
+    The pip package ships ``bin/spark-class`` but not ``sbin/``'s start scripts, so the two daemons
+    are started as ``spark-class org.apache.spark.deploy.master.Master`` and ``… worker.Worker`` in
+    the foreground, each a child process in a session of its own with its log in the cluster's
+    directory. The master's web UI answers ``/json/`` with its state and workers: the cluster is
+    ready when it says ALIVE with one alive worker.
+    """
 
     def __init__(
         self,

@@ -1,20 +1,10 @@
 """The running result of incremental runs: the inputs read so far, and where reading stopped.
 
-A state directory holds, per input, one Parquet folder per run (``log/run=0003/``, ...) and
-``watermark.json``: per segment file the byte position after its last whole record (keyed
-``<group>/<segment>`` for a broker group's log: every group's log has a segment
-``00000000000000000000``, so the bare file name of a single broker's log would collide), per service
-the newest ``created_at`` / ``processed_at`` seen and the outbox id from which rows are read
-again (rows not yet published change later). A run reads only past those marks, appends its
-rows as the next run's folder, then moves the watermark (written last, atomically: a run that
-dies half-way is redone, its folders overwritten). The checks then run over everything kept,
-so an incremental result equals a full run over the same data (tested), at the cost of reading
-the kept Parquet again, which is far cheaper than the sources.
-
-Overlaps are deliberate and removed here: table rows are re-read from ``LOOKBACK_MS`` before
-their mark, because a transaction that started before the mark may commit after it (its
-``created_at`` is its start); the newest segment's damaged tail may be read again once the
-broker has finished writing it.
+A state directory holds, per input, one Parquet folder per run and ``watermark.json``, the marks
+past which the next run reads. A run appends its rows as the next folder, then moves the
+watermark (written last, atomically: a run that dies half-way is redone). The checks then run
+over everything kept, so an incremental result equals a full run over the same data (tested).
+Overlaps are deliberate and removed here (:class:`State` says which and why).
 """
 
 from __future__ import annotations
@@ -50,6 +40,20 @@ class _Marks:
 
 
 class State:
+    """The state directory: per input, one Parquet folder per run (``log/run=0003/``, ...) and
+    ``watermark.json``: per segment file the byte position after its last whole record (keyed
+    ``<group>/<segment>`` for a broker group's log: every group's log has a segment
+    ``00000000000000000000``, so the bare file name of a single broker's log would collide), per
+    service the newest ``created_at`` / ``processed_at`` seen and the outbox id from which rows are
+    read again (rows not yet published change later). Re-reading the kept Parquet is far cheaper
+    than the sources.
+
+    Overlaps are deliberate and removed here: table rows are re-read from ``LOOKBACK_MS`` before
+    their mark, because a transaction that started before the mark may commit after it (its
+    ``created_at`` is its start); the newest segment's damaged tail may be read again once the
+    broker has finished writing it.
+    """
+
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.marks = _Marks()

@@ -89,7 +89,7 @@ async def test_one_of_two_candidates_wins_and_resigning_hands_over_at_once(
 async def test_a_leader_cut_off_from_etcd_steps_down_before_the_next_is_elected(
     etcd: EtcdServer, coordinators: list[EtcdCoordinator]
 ) -> None:
-    """The partition test of issue 22 at the election's level: the leader's connection to etcd
+    """A partition at the election's level: the leader's connection to etcd
     goes silent (no RST: a black hole); it must stop leading before etcd can have expired its
     lease, which is before anyone else can win."""
     async with (

@@ -1,4 +1,4 @@
-"""Failover (issue 22, item 5) with real brokers, a real etcd and a NameServer: a killed
+"""Failover with real brokers, a real etcd and a NameServer: a killed
 master's group elects the slave holding the most, which takes over every acknowledged write
 and every open transaction; the old master rejoins as a slave, cutting the tail it alone held.
 The campaign under the services' load is tests/reconcile/test_standalone_cluster.py's (with
@@ -23,11 +23,11 @@ from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import GroupsRequest
-from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import DIVERGENT_DIR
+from txbroker.server.replication.epochs import EpochHistory
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
-from txbroker.store.replica import parse_records
+from txbroker.store.replication import parse_records
 from txbroker_checkback import CheckStatus
 from txbroker_sdk import Client
 from txbroker_sdk.consumer import Consumer

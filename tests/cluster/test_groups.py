@@ -1,4 +1,4 @@
-"""Broker groups and the NameServer (issue 22, items 2 and 3) with real processes: a real etcd,
+"""Broker groups and the NameServer with real processes: a real etcd,
 two groups of two brokers each, a master and a slave (g1's named by --role master and --role
 slave --replica-of, g2's elected by --role auto), and NameServers; clients through
 ``txbns://``."""

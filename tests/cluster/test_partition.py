@@ -1,4 +1,4 @@
-"""Partitions (issue 22 acceptance): a master cut off from etcd steps down before its lease can
+"""Partitions: a master cut off from etcd steps down before its lease can
 have ended, and no two masters of one group accept writes, checked by reading the brokers' logs
 afterwards.
 
@@ -40,7 +40,7 @@ from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS, MessageStore, StoreConfig
 from txbroker.store.commitlog import ScannedRecord
 from txbroker.store.record import decode_properties
-from txbroker.store.replica import parse_records
+from txbroker.store.replication import parse_records
 from txbroker_sdk import Client
 
 GROUP: Final = "g1"

@@ -1,5 +1,5 @@
 """Half messages the broker copied forward (so open and parked transactions outlive retention,
-txbroker/tx/reput.py) are one transaction to the reconciliation: listed once, stuck or parked
+txbroker/tx/halfcopy.py) are one transaction to the reconciliation: listed once, stuck or parked
 as the newest of the copy and the op records after it says, with the PREPARE's time."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.conftest import small_config
 from txbroker.store import Message, MessageStore, RecordFlag
-from txbroker.tx.reput import copy_properties
+from txbroker.tx.halfcopy import copy_properties
 from txbroker.tx.state import HALF_TOPIC, OP_TOPIC, Tx, TxState
 from txbroker_reconcile.options import JobOptions, ServiceSpec
 from txbroker_reconcile.run import _Progress, reconcile

@@ -243,7 +243,7 @@ def test_a_master_port_taken_fails_the_start_at_once_naming_the_log(
 def test_after_the_failover_campaign_two_groups_reconcile_clean_on_the_cluster(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """Issue 22: the master-failover scenario at CI size (kill -9 of a group's master under
+    """The master-failover scenario at CI size (kill -9 of a group's master under
     sends, @transactional orders and the relay, 2 groups of 3 brokers, sync replication), then
     both groups' logs as settled, exported, reconciled on the standalone cluster."""
     sizes = Sizes(rounds=3, load=60, round_timeout_s=60, max_s=240)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import OpenStore
 from txbroker.errors import ReplicationTimeout
-from txbroker.server.replication import ReplicaTracker
+from txbroker.server.replication.master import ReplicaTracker
 from txbroker.store import Message
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from txbroker.errors import CorruptLog
-from txbroker.server.epochs import EPOCHS_FILE, EpochHistory
+from txbroker.server.replication.epochs import EPOCHS_FILE, EpochHistory
 
 
 def test_an_epoch_ends_where_the_next_one_known_begins(tmp_path: Path) -> None:

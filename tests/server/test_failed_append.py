@@ -1,5 +1,5 @@
 """A send the broker answered STORE_FAILED is never counted or delivered; one it acknowledged
-always is (issue 20, item 5). A real broker whose key index cannot be created: its file size
+always is. A real broker whose key index cannot be created: its file size
 limit (RLIMIT_FSIZE, lowered on the running process as a full quota would) is below the index
 file's size, so every append that indexes fails, for a single send, a batch and a transaction's
 commit alike (a batch with idempotency keys included), until the limit is raised; then a kill

@@ -11,10 +11,25 @@ import pytest
 
 from tests.conftest import OpenStore
 from txbroker.errors import InvalidArgument, NotFound
-from txbroker.protocol.messages import SendRequest
+from txbroker.protocol.messages import SendReceipt, SendRequest
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.producer import Producer, queue_for_key
 from txbroker.server.topics import TopicRegistry
+
+
+async def _send_batch(prod: Producer, reqs: list[SendRequest]) -> list[SendReceipt]:
+    """As the SEND handlers call the producer: keyed requests through the deduplicating path,
+    the rest through ``publish``, answered once durable."""
+    if any(r.idempotency_key is not None for r in reqs):
+        return await prod.publish_deduplicated(reqs)
+    receipts, durable = prod.publish(reqs)
+    if durable is not None:
+        await durable
+    return receipts
+
+
+async def _send(prod: Producer, req: SendRequest) -> SendReceipt:
+    return (await _send_batch(prod, [req]))[0]
 
 
 def _registry(path: Path) -> TopicRegistry:
@@ -27,7 +42,7 @@ def _registry(path: Path) -> TopicRegistry:
 async def test_same_key_same_queue_and_order(tmp_path: Path, open_store: OpenStore) -> None:
     prod = Producer(await open_store(), _registry(tmp_path / "meta"))
     receipts = [
-        await prod.send(SendRequest("orders", str(i).encode(), key="cust-9")) for i in range(5)
+        await _send(prod, SendRequest("orders", str(i).encode(), key="cust-9")) for i in range(5)
     ]
     assert {r.queue_id for r in receipts} == {queue_for_key("cust-9", 4)}
     assert [r.queue_offset for r in receipts] == list(range(5))
@@ -36,15 +51,15 @@ async def test_same_key_same_queue_and_order(tmp_path: Path, open_store: OpenSto
 async def test_idempotency_key_dedups_across_restart(tmp_path: Path, open_store: OpenStore) -> None:
     reg = _registry(tmp_path / "meta")
     store = await open_store(tmp_path / "data")
-    first = await Producer(store, reg).send(SendRequest("orders", b"a", idempotency_key="ik-1"))
-    again = await Producer(store, reg).send(SendRequest("orders", b"b", idempotency_key="ik-1"))
+    first = await _send(Producer(store, reg), SendRequest("orders", b"a", idempotency_key="ik-1"))
+    again = await _send(Producer(store, reg), SendRequest("orders", b"b", idempotency_key="ik-1"))
     assert again.duplicate and (again.message_id, again.queue_offset) == (
         first.message_id,
         first.queue_offset,
     )
     await store.close()
     store = await open_store(tmp_path / "data")
-    after = await Producer(store, reg).send(SendRequest("orders", b"c", idempotency_key="ik-1"))
+    after = await _send(Producer(store, reg), SendRequest("orders", b"c", idempotency_key="ik-1"))
     assert after.duplicate and after.message_id == first.message_id
     total = sum(store.queue_range("orders", q)[1] for q in range(4))
     assert total == 1  # nothing stored twice
@@ -56,7 +71,7 @@ async def test_concurrent_sends_with_one_key_store_once(
     store = await open_store()
     prod = Producer(store, _registry(tmp_path / "meta"))
     receipts = await asyncio.gather(
-        *(prod.send(SendRequest("orders", b"x", idempotency_key="same")) for _ in range(20))
+        *(_send(prod, SendRequest("orders", b"x", idempotency_key="same")) for _ in range(20))
     )
     assert len({r.message_id for r in receipts}) == 1
     assert sum(not r.duplicate for r in receipts) == 1
@@ -83,7 +98,10 @@ async def test_keyed_batches_store_each_key_once_without_waiting_on_each_other(
     ]
     async with asyncio.timeout(10):
         results = await asyncio.gather(
-            prod.send_batch(ab), prod.send_batch(ba), prod.send_batch(twice), prod.send(ab[0])
+            _send_batch(prod, ab),
+            _send_batch(prod, ba),
+            _send_batch(prod, twice),
+            _send(prod, ab[0]),
         )
     stored = sum(store.queue_range("orders", q)[1] for q in range(4))
     assert stored == 3  # a, b and the plain one
@@ -96,10 +114,10 @@ async def test_keyed_batches_store_each_key_once_without_waiting_on_each_other(
 async def test_dedup_window_expires(tmp_path: Path, open_store: OpenStore) -> None:
     store = await open_store()
     reg = _registry(tmp_path / "meta")
-    await Producer(store, reg).send(SendRequest("orders", b"a", idempotency_key="old"))
+    await _send(Producer(store, reg), SendRequest("orders", b"a", idempotency_key="old"))
     # A window of -1 ms: everything stored is "before the window".
-    later = await Producer(store, reg, dedup_window_ms=-1).send(
-        SendRequest("orders", b"b", idempotency_key="old")
+    later = await _send(
+        Producer(store, reg, dedup_window_ms=-1), SendRequest("orders", b"b", idempotency_key="old")
     )
     assert not later.duplicate
 
@@ -107,8 +125,8 @@ async def test_dedup_window_expires(tmp_path: Path, open_store: OpenStore) -> No
 async def test_headers_and_tags_are_stored(tmp_path: Path, open_store: OpenStore) -> None:
     store = await open_store()
     prod = Producer(store, _registry(tmp_path / "meta"))
-    r = await prod.send(
-        SendRequest("orders", b"x", tags="paid", headers={"trace": "t1"}, queue_id=2)
+    r = await _send(
+        prod, SendRequest("orders", b"x", tags="paid", headers={"trace": "t1"}, queue_id=2)
     )
     got = await store.get_messages("orders", 2, r.queue_offset)
     m = got.messages[0]
@@ -131,9 +149,9 @@ async def test_bad_sends(
     store = await open_store()
     prod = Producer(store, _registry(tmp_path / "meta"))
     with pytest.raises(error):
-        await prod.send(req)
+        await _send(prod, req)
     with pytest.raises(error):
-        await prod.send_batch([SendRequest("orders", b"ok"), req])
+        await _send_batch(prod, [SendRequest("orders", b"ok"), req])
     assert store.write_offset == 0
 
 
@@ -149,7 +167,7 @@ async def test_delayed_delivery_on_time(tmp_path: Path, open_store: OpenStore) -
         now = time.time_ns() // 1_000_000
         targets = {f"d{i}": now + ms for i, ms in enumerate((300, 1200, 2500, 700))}
         for key, at in targets.items():
-            r = await prod.send(SendRequest("orders", key.encode(), key=key, deliver_at_ms=at))
+            r = await _send(prod, SendRequest("orders", key.encode(), key=key, deliver_at_ms=at))
             assert r.queue_offset == -1 and r.topic == "orders"  # scheduled, not yet delivered
         arrived: dict[str, int] = {}
         deadline = time.monotonic() + 10
@@ -174,7 +192,9 @@ async def test_delay_beyond_the_maximum_is_refused(tmp_path: Path, open_store: O
     sched.load()
     prod = Producer(store, reg, scheduler=sched)
     with pytest.raises(InvalidArgument, match="days away"):
-        await prod.send(SendRequest("orders", b"x", deliver_at_ms=time.time_ns() // 10**6 + 10**11))
+        await _send(
+            prod, SendRequest("orders", b"x", deliver_at_ms=time.time_ns() // 10**6 + 10**11)
+        )
     assert store.write_offset == 0
 
 
@@ -188,7 +208,7 @@ async def test_scheduler_replay_after_lost_cursors_delivers_nothing_twice(
     sched.start()
     prod = Producer(store, reg, scheduler=sched)
     at = time.time_ns() // 1_000_000 + 400
-    await prod.send(SendRequest("orders", b"once", queue_id=1, deliver_at_ms=at))
+    await _send(prod, SendRequest("orders", b"once", queue_id=1, deliver_at_ms=at))
     deadline = time.monotonic() + 10
     while store.queue_range("orders", 1)[1] == 0:
         assert time.monotonic() < deadline

@@ -1,4 +1,4 @@
-"""Deleting a topic deletes it (issue 20, item 1), on real broker processes: its messages,
+"""Deleting a topic deletes it, on real broker processes: its messages,
 queue files, group offsets, retries, dead letters, delayed messages and open transactions are
 gone at once and after a kill -9 right after the answer, and a topic created again under the
 name starts empty."""

@@ -1,10 +1,12 @@
-"""A failed append is all or nothing (issue 20, item 5), with real faults: a file the append
-needs cannot be created, the group commit's syncer dies. What the caller was told failed is
+"""A failed append is all or nothing, with real faults: a file the append needs cannot be
+created, a write fails, the group commit's syncer dies. What the caller was told failed is
 neither counted nor readable, now or after a crash; what it was told succeeded is."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import resource
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 
 from tests.conftest import small_config
 from txbroker.errors import StoreFailed
-from txbroker.store import KeyKind, Message, MessageStore, StoreState
+from txbroker.store import FlushMode, KeyKind, Message, MessageStore, StoreState
 
 
 async def _bodies(store: MessageStore, topic: str) -> list[bytes]:
@@ -193,5 +195,63 @@ async def test_a_write_failing_at_a_file_size_limit_leaves_every_queue_entry_rea
         for off in range(lo, hi):
             got = await store.get_messages("t", 0, off, 1)
             assert [m.body for m in got.messages] == [b"x" * 1000]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("fault", ["pwrite-fails-mid-batch", "syncer-dies"])
+async def test_a_failed_append_is_not_found_by_its_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """The records of a failed append were indexed as they were written, before the write
+    failed and the log was cut back: a lookup by their keys must not find them, now or after a
+    restart (an idempotency check would otherwise answer "already stored" for a message whose
+    producer was told it failed)."""
+    data = tmp_path / "s"
+    flush = FlushMode.ASYNC if fault == "pwrite-fails-mid-batch" else FlushMode.SYNC
+    store = await MessageStore.open(small_config(data, flush=flush))
+    kept = await store.append(Message("t", b"kept", properties={"ik": "ik-kept", "keys": "k0"}))
+    batch = [
+        Message("t", f"lost{i}".encode(), properties={"ik": f"ik-{i}", "keys": f"k{i + 1}"})
+        for i in range(3)
+    ]
+    if fault == "pwrite-fails-mid-batch":
+        real, calls = os.pwrite, 0
+
+        def pwrite(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+            nonlocal calls
+            calls += 1
+            if calls > 1:  # the batch's first record is written, the second meets a full disk
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        with pytest.raises(StoreFailed):
+            await store.append_batch(batch)
+        monkeypatch.undo()
+    else:
+        store.append_batch_nowait(batch)  # accepted; their group commit is still to start
+        proc = store.committer._proc
+        proc.kill()  # the group commit writes the batch to the file, then cannot sync it
+        await asyncio.to_thread(proc.wait, 10)
+        durable = store.durable()
+        assert durable is not None
+        with pytest.raises(StoreFailed):
+            await durable
+    assert store.state is StoreState.FAILED
+
+    async def found(kind: KeyKind, key: str) -> list[bytes]:
+        return [m.body for m in await store.lookup(kind, key)]
+
+    for i in range(3):
+        assert await found(KeyKind.IDEMPOTENCY_KEY, f"ik-{i}") == []
+        assert await found(KeyKind.KEY, f"k{i + 1}") == []
+    assert await found(KeyKind.IDEMPOTENCY_KEY, "ik-kept") == [b"kept"]
+    assert await found(KeyKind.MESSAGE_ID, kept.message_id) == [b"kept"]
+    store = await _reopened(data, store)
+    try:
+        for i in range(3):
+            assert await found(KeyKind.IDEMPOTENCY_KEY, f"ik-{i}") == []
+        assert await found(KeyKind.KEY, "k0") == [b"kept"]
     finally:
         await store.close()

@@ -18,6 +18,7 @@ from txbroker.errors import (
     InvalidOffset,
     MessageTooLarge,
     NotFound,
+    NotMaster,
     StoreClosed,
     StoreLocked,
 )
@@ -303,6 +304,55 @@ async def test_a_shared_durable_wait_covers_every_append_made_before_it_resolves
     assert all(f.done() and f.exception() is None for f, _ in written)
     assert all(seen_at[end] >= end for _, end in written), "acknowledged before durable"
     assert len({id(f) for f, _ in written}) < len(written)  # shared, not one each
+
+
+async def test_a_cancelled_append_leaves_the_shared_durable_wait_to_the_others(
+    open_store: OpenStore,
+) -> None:
+    """Every append waits on the one shared durability future: cancelling one waiter must not
+    cancel it for the appends that share it."""
+    store = await open_store()
+    tasks = [asyncio.create_task(store.append(Message("t", f"m{i}".encode()))) for i in range(8)]
+    await asyncio.sleep(0)  # every task has appended and waits
+    tasks[0].cancel()
+    done = await asyncio.gather(*tasks[1:])
+    assert [r.queue_offset for r in done] == list(range(1, 8))
+    assert store.flushed_offset == store.write_offset
+
+
+async def test_a_follower_refuses_its_own_appends_and_an_unfollowed_store_fences_each(
+    open_store: OpenStore,
+) -> None:
+    store = await open_store()
+    await store.append(Message("t", b"as master"))
+    store.follow("txb://master:1")
+    for append in (
+        lambda: store.append_nowait(Message("t", b"x")),
+        lambda: store.append_batch_nowait([Message("t", b"x")]),
+    ):
+        with pytest.raises(NotMaster, match="txb://master:1"):
+            append()
+    with pytest.raises(NotMaster, match="txb://master:1"):
+        await store.append_batch([Message("t", b"x")])
+    assert store.queue_range("t", 0) == (0, 1)
+
+    calls: list[int] = []
+    lease_over = False
+
+    def fence() -> None:
+        calls.append(store.write_offset)
+        if lease_over:
+            raise NotMaster("the lease ended")
+
+    store.unfollow(fence)
+    await store.append(Message("t", b"as elected master"))
+    await store.append_batch([Message("t", b"a"), Message("t", b"b")])
+    assert len(calls) == 2  # once before each append, before anything is written
+    lease_over = True
+    end = store.write_offset
+    with pytest.raises(NotMaster, match="the lease ended"):
+        store.append_nowait(Message("t", b"refused"))
+    assert store.write_offset == end and store.queue_range("t", 0) == (0, 4)
 
 
 async def test_async_mode_flushes_on_its_interval(open_store: OpenStore) -> None:

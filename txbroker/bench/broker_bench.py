@@ -1,13 +1,11 @@
 """`txbroker bench produce` and `txbroker bench e2e`: a real broker process, clients over TCP.
 
 produce: K producer connections send N messages, as single sends with a window of requests in
-flight per connection, or as batches; reports throughput and acknowledgement latency.
-
-e2e: one producer at a fixed rate, one consumer group member long-polling; each body carries its
-send time, so the consumer measures publish-to-consume latency.
-
-Both start `txbroker serve` on free ports in a temporary data directory and stop it after.
-The first 10% of messages are warm-up and are left out of the latency figures.
+flight per connection, or as batches; reports throughput and acknowledgement latency. e2e: one
+producer at a fixed rate, one consumer group member long-polling; each body carries its send
+time, so the consumer measures publish-to-consume latency. Both start `txbroker serve` on free
+ports in a temporary data directory and stop it after. The first 10% of messages are warm-up
+and are left out of the latency figures.
 """
 
 from __future__ import annotations

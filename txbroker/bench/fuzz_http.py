@@ -1,13 +1,10 @@
 """The HTTP admin fuzz: requests no operator or browser should send, to /v1/*, /metrics and
 /console (its pages and its forms, signed in and not).
 
-Requests are written by hand on a raw socket (``Connection: close``), so malformed ones reach
-the server as sent: odd and traversing paths, unicode raw and percent-encoded, bad methods, bad
-JSON and form bodies, bodies of up to 16 MiB, bad tokens and cookies, broken request lines and
-headers. Every answer must be a status below 500 whose error body is JSON or HTML (or the HTTP
-server's own plain-text refusal of a request it cannot parse); a 5xx, a malformed JSON body, a
-static file served from outside the console's folder, no answer at all, or the broker gone is
-a crash.
+Requests are written by hand on a raw socket, so malformed ones reach the server as sent. Every
+answer must be a status below 500 whose error body is JSON or HTML (or the HTTP server's own
+plain-text refusal); a 5xx, a malformed JSON body, a static file served from outside the
+console's folder, no answer at all, or the broker gone is a crash.
 """
 
 from __future__ import annotations

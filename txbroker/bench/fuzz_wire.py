@@ -1,13 +1,9 @@
 """The socket-level fuzz: connections sending what no client should, beside a healthy one.
 
-Each case is one connection of one kind (``CASES``): random bytes, a valid stream cut short,
-oversized length prefixes (4-byte and 8-byte ones up to 2^63), malformed headers, bad HELLOs,
-and HELLO followed by requests whose bodies are mutated or well-typed with odd values
-(``fuzz_values.py``), then a PING that must be answered. What the broker answered is counted
-by kind. Meanwhile a healthy SDK client sends and consumes on a topic of its own; at the end
-every message it was acknowledged must have been consumed.
-
-A case's random choices come from ``Random(f"{seed}:{case}")``: a crash example names both.
+Each case is one connection of one kind (:data:`CASES`), then a PING that must be answered;
+what the broker answered is counted by kind. Meanwhile a healthy SDK client sends and consumes
+on a topic of its own; at the end every message it was acknowledged must have been consumed. A
+case's random choices come from ``Random(f"{seed}:{case}")``: a crash example names both.
 """
 
 from __future__ import annotations
@@ -255,6 +251,9 @@ async def _member(conn: _Conn, rng: random.Random, token: str) -> None:
         raise _Crash("the broker closed the connection without an error")
 
 
+# Random bytes, a valid stream cut short, oversized length prefixes (4-byte and 8-byte ones up
+# to 2^63), malformed headers, bad HELLOs, and HELLO followed by requests whose bodies are
+# mutated or well-typed with odd values (fuzz_values.py).
 CASES: Final[dict[str, Case]] = {
     "random bytes": _random_bytes,
     "truncated frame": _truncated,

@@ -1,17 +1,11 @@
 """`txbroker bench growth`: what a broker costs in memory and start-up time as data grows.
 
-For each size, a store is filled with that many 1 KiB messages (8 queues of one topic, each
-with a message id and a business key, as the SDK sends them: three key-index entries per
-message would be too many, two is what a send indexes) and a real broker process (`txbroker
-serve`) is started on it: the start-up is timed from spawn to the ready line, and its memory is
-read from /proc once it is ready. Then the consumer-group offsets of ``groups`` groups (every
-queue of the topic each) are added and the broker started again.
-
-Memory is reported as the kernel splits it: ``RssAnon`` is the process's own heap (what grows
-if the broker held anything per message in Python objects), ``RssFile`` the pages of mapped
-store files it touched (page cache the kernel may drop). The store is filled in-process, not
-over the wire, because the point is the broker's cost of *having* the data, not of receiving it
-(that is `txbroker bench produce`).
+For each size, a store is filled in-process with that many messages (the point is the cost of
+*having* the data, not of receiving it: that is `txbroker bench produce`), a real broker process
+is started on it, and its start-up time and memory are read; then consumer-group offsets are
+added and it is started again. Memory is reported as the kernel splits it: ``RssAnon`` is the
+process's own heap, ``RssFile`` the pages of mapped store files it touched (page cache the
+kernel may drop). :func:`bench_growth` gives the details.
 """
 
 from __future__ import annotations
@@ -118,7 +112,13 @@ async def bench_growth(
     say: Callable[[str], None] = lambda _s: None,
 ) -> list[GrowthPoint]:
     """One point per size (ascending, the store grows from one to the next), then the largest
-    size again with ``groups`` groups' offsets; a point with no data first, as the baseline."""
+    size again with ``groups`` groups' offsets; a point with no data first, as the baseline.
+
+    The messages are 1 KiB, on 8 queues of one topic, each with a message id and a business key,
+    as the SDK sends them (two key-index entries per message: what a send indexes). The start-up
+    is timed from spawn to the ready line, and memory read from /proc once the broker is ready.
+    The groups' offsets cover every queue of the topic each. ``RssAnon`` is what grows if the
+    broker holds anything per message in Python objects."""
     root = Path(tempfile.mkdtemp(prefix="txb-growth-", dir=data_root))
     data = root / "broker"
     points: list[GrowthPoint] = []

@@ -1,19 +1,10 @@
 """``txbroker bench reconcile``: how long the Spark reconciliation takes on N transactions.
 
-For each size N it builds a world the job cannot tell from production: N committed rows in a
-fresh PostgreSQL database's ``txb_local_tx`` and N rows in its ``txb_inbox`` (loaded with COPY,
-not row inserts), and N matching transactions in a real commit log written by the store's own
-append path (each a half record and its committed copy, as the broker writes them). Into that
-it injects ``anomalies`` of each of four kinds:
-
-    lost       local rows with no message
-    phantom    messages whose transaction the service never recorded
-    duplicate  transactions with a second message (both processed)
-    stuck      messages the consumer group never processed
-
-Then it times the job (``local[2]`` by default) and checks that it found exactly the injected
-ids and nothing else. Only aggregates and the injected examples reach the driver, so its
-memory does not grow with N.
+For each size N it builds a world the job cannot tell from production (N rows in a fresh
+PostgreSQL database's SDK tables, N matching transactions in a real commit log written by the
+store's own append path), injects ``anomalies`` of each kind (lost, phantom, duplicate, stuck),
+times the job and checks that it found exactly the injected ids and nothing else. Only
+aggregates and the injected examples reach the driver, so its memory does not grow with N.
 """
 
 from __future__ import annotations
@@ -174,6 +165,19 @@ def bench_reconcile(
     data_root: Path | None = None,
     say: Say = lambda _s: None,
 ) -> ReconcileBenchResult:
+    """Time the job on a world of ``rows`` transactions with ``anomalies`` of each kind injected.
+
+    The world: N committed rows in ``txb_local_tx`` and N rows in ``txb_inbox`` (loaded with
+    COPY, not row inserts), and N transactions in the log, each a half record and its committed
+    copy, as the broker writes them. The injected kinds::
+
+        lost       local rows with no message
+        phantom    messages whose transaction the service never recorded
+        duplicate  transactions with a second message (both processed)
+        stuck      messages the consumer group never processed
+
+    The job runs on ``local[2]`` by default.
+    """
     import asyncio
 
     from txbroker_reconcile.jars import find_jars

@@ -3,12 +3,8 @@
 While the replicated run produces, a thread reads the ``txbroker_store_flushed_bytes`` gauge
 from every slave's ``GET /metrics`` a few times a second, each time between two readings of the
 master's. A slave's log sits at the master's offsets (docs/cluster.md, "Replication"), so the
-difference is how far the slave is behind the master's flushed log: the figure
-``ReplicaTracker.status()`` holds as the slaves last reported it, which no endpoint serves. Each
-reading is stamped with the middle of its request; after the run every slave reading is set
-against the master's flushed offset interpolated at that instant between the two master readings
-around it (bytes behind), and against the instant the master's flushed offset had reached the
-slave's (time behind: how old the newest record the slave has flushed is).
+difference is how far the slave is behind the master's flushed log, in bytes and in time
+(:class:`LagSampler` says how each reading is placed).
 """
 
 from __future__ import annotations
@@ -39,7 +35,14 @@ def flushed(http: str) -> tuple[float, int]:
 
 
 class LagSampler:
-    """``with LagSampler(master_http, slave_https): produce()``, then ``summary()``."""
+    """``with LagSampler(master_http, slave_https): produce()``, then ``summary()``.
+
+    The figure is what ``ReplicaTracker.status()`` holds as the slaves last reported it, which
+    no endpoint serves. Each reading is stamped with the middle of its request; after the run
+    every slave reading is set against the master's flushed offset interpolated at that instant
+    between the two master readings around it (bytes behind), and against the instant the
+    master's flushed offset had reached the slave's (time behind: how old the newest record the
+    slave has flushed is)."""
 
     def __init__(self, master: str, slaves: Sequence[str], interval_s: float = INTERVAL_S):
         self.master, self.slaves, self.interval_s = master, list(slaves), interval_s

@@ -1,58 +1,11 @@
 """`txbroker bench service`: what the service SDK costs a business transaction.
 
-The business transaction inserts one order row. Three modes, measured in the same run, against
-the same fresh database and a fresh broker (`txbroker serve` child process):
-
-* baseline: the insert and its commit, no messaging;
-* transactional: the same insert through ``TxPublisher.transactional`` (PREPARE, barrier row,
-  commit, END_TX); the check-back endpoint (barrier resolver, real HTTP) is served in this
-  process and counts the back-checks it answers, which should be none;
-* outbox: the same insert plus ``outbox.add`` in one transaction, with a ``Relay`` in this
-  process publishing meanwhile.
-
-Throughput: ``concurrency`` callers place orders as fast as they can: by default 64 on
-PostgreSQL, enough for every mode to reach its peak (the baseline's orders/s is flat from 16
-callers up; @transactional's rises to 64, because each order also waits on the broker and the
-broker's group commit and the client's frames batch more as more orders are in flight), and 16
-on SQLite, which takes one writer at a time. Each mode's orders are
-cut into slices, run in rotating mode order, so every mode meets the same (noisy, shared)
-machine; after an untimed warm-up slice per mode (pools, prepared statements, topics).
-orders/s = orders / time from the first call of a slice to the last caller's return, summed
-over slices. The ratios to the baseline are taken per run. The outbox relay runs while its
-slices are timed (it is part of the service); ``outbox_backlog`` is the most rows it still had
-to publish when a slice's callers finished (what it had not kept up with), and the next slice
-starts once it has caught up. The subscriber (another service in production) does not run
-during the throughput phase, because in this process it would take the callers' CPU; it
-applies the phase's messages afterwards, untimed. ``cpu_us_per_order`` is this process's CPU
-time per order in the timed slices (the callers; for the outbox also the relay): when it is
-close to 1e6 / orders_per_s, the service's own CPU is what limits its throughput;
-``busy`` is that fraction (this process's CPU time over the slices' wall time).
-``gc_us_per_order`` is the part of it spent in the cyclic garbage collector (``gc.callbacks``).
-
-``gc_freeze`` freezes the process's heap after the warm-up (``gc.freeze()``: what is alive then,
-mostly modules, classes and the engines, is never scanned again), as a long-running service may
-do after its start-up. Without it, every full collection rescans that heap (about 90,000 objects
-here). The freeze is undone when the run ends.
-
-``breakdown`` adds two diagnostic modes to the throughput phase, each one half of what
-@transactional adds to the baseline: ``barrier-only`` (the insert plus the barrier row, no
-messaging) and ``messages-only`` (the insert with PREPARE awaited before the commit and END_TX
-sent after it, as @transactional does, but no barrier row). Their ratios show where the cost
-lies; neither is a safe way to publish (``messages-only`` has nothing for a back-check to find).
-
-Commit-to-applied latency is measured in a separate phase, at a fixed rate (open loop, at most
-``concurrency`` in flight), with the subscriber running: the throughput phase builds a backlog
-on purpose, and its latency would measure that backlog. The rate is ``latency_rate``, or half
-the mode's throughput in this run if that is lower, so that the path is measured, not a queue.
-Latency = the subscriber's transaction that wrote the ``bench_applied`` row has committed
-(SQLAlchemy ``after_commit``) minus the business session starting its COMMIT (``before_commit``,
-after the last statement), both ``time.perf_counter()`` in this process. The stamps stay in the
-process, keyed by order id, instead of riding in the body: ``@transactional`` fixes the body at
-PREPARE, before the commit it would have to time. The first 10% are warm-up and left out.
-
-Sanity: after each phase, every committed order of a messaging mode must have exactly one
-applied row and no applied row may lack its order (baseline: every order committed, nothing
-applied); otherwise the run fails with BenchFailed, and no figures are printed.
+One order insert, in three modes measured in the same run against a fresh database and a fresh
+broker child process: the baseline (no messaging), ``TxPublisher.transactional``, and the outbox
+with its relay running. Each mode's throughput is timed in slices run in rotating order, so
+every mode meets the same noisy machine; commit-to-applied latency is timed in a separate, paced
+phase with the subscriber running. Every committed order must be applied exactly once, or the
+run fails with BenchFailed. What each figure means: docs/benchmarks.md, "The service SDK".
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """`txbroker bench tx-recovery`: what one old open transaction costs a restart.
 
 A real broker gets one transaction that stays open (its timeout is a day), then N later ones
-prepared and ended (one in ten rolled back). The broker copies the old half forward once
-recovery's span grows past max(10,000, 4 x open) (``txbroker.tx.reput``); the bench waits for
-that (the span saved in ``tx.json`` within the bound), stops the broker (SIGTERM: the store has
-nothing to replay, so the restart measures the transactions) and times the restart to its ready
-line, with the records recovery read (from its log line). It then puts ``meta/tx.json``'s
-low-water marks back at the old transaction's half and op mark, as every earlier version kept
-them, and times that restart too: the same log read the way it was read before half messages
-were copied forward.
+prepared and ended. The bench waits until the broker has copied the old half forward
+(``txbroker.tx.halfcopy``), stops it (SIGTERM: the store has nothing to replay, so the restart
+measures the transactions) and times the restart to its ready line, with the records recovery
+read. It then puts ``meta/tx.json``'s low-water marks back at the old transaction's half and op
+mark, where they stay without copies forward, and times that restart too.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from txbroker.runtime.brokerproc import READY_PREFIX, parse_ready
-from txbroker.tx.reput import COMPACT_MIN_SPAN
+from txbroker.tx.halfcopy import COMPACT_MIN_SPAN
 
 __all__ = ["TxRecoveryResult", "bench_tx_recovery", "format_tx_recovery"]
 
@@ -56,7 +53,7 @@ class TxRecoveryResult:
     fill_s: float
     bounded_after_s: float  # from the end of the load until the saved span was bounded
     with_copies: Restart
-    marks_at_the_old_one: Restart  # as before half messages were copied forward
+    marks_at_the_old_one: Restart  # the marks where they stay without copies forward
 
 
 class _Broker:
@@ -163,7 +160,7 @@ def bench_tx_recovery(
         copied = time.monotonic() - t0
         after = broker.restart()
         broker.stop()
-        # The marks every earlier version saved: the old transaction's half (the first %HALF
+        # The marks as they stay without copies forward: the old transaction's half (the first %HALF
         # record) and its op mark (0: nothing was in %TXOP before it).
         saved = broker.state()
         saved.update(half_low=0, op_low=0)

@@ -1,10 +1,8 @@
 """A cluster on loopback for the failover campaign and its tests: a real etcd, broker groups of
-``--role auto`` brokers (one elected master, the others its slaves) and a NameServer, each a
-child process on fixed ports of its own, so a broker killed and started again comes back at
-the same address, as a restarted machine would.
+``--role auto`` brokers and a NameServer, each a child process on fixed ports of its own, so a
+broker killed and started again comes back at the same address, as a restarted machine would.
 
     async with Cluster(root, groups=("g1", "g2"), per_group=3) as cluster:
-        cluster.url  # txbns://... for clients
         killed = await cluster.kill_master("g1")
         elected = await cluster.wait_master("g1", other_than=killed.broker_id)
         await cluster.restart(killed)

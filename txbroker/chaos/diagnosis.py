@@ -14,8 +14,8 @@ from typing import Final
 
 import msgspec
 
-from txbroker.server.epochs import EpochHistory
 from txbroker.server.groups import OFFSETS_FILE
+from txbroker.server.replication.epochs import EpochHistory
 from txbroker.store.commitlog import read_log_files
 
 __all__ = ["Broker", "Place", "explain", "find"]

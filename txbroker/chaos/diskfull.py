@@ -1,17 +1,10 @@
 """A full disk under the broker: its data directory on a small tmpfs of its own (sized for the
 rounds), filled to the last byte (ENOSPC) under load, then emptied again.
 
-The store creates every file an append needs (a segment, a queue file, an index file) before it
-writes, so a full disk shows when the log has to roll: the plain producer then sends 64 KiB
-bodies until the broker answers ``STORE_FAILED`` (two 5 MiB segments at most, the next one being
-preallocated). The filler is removed and the round checks that appends resume.
-
-Mounting needs root (CAP_SYS_ADMIN). Without it (or with ``Sizes.disk = "rlimit"``) the full
-disk is simulated, as tests/server/test_failed_append.py does, by lowering the broker's
-RLIMIT_FSIZE (``prlimit``, Linux) to 1 MiB: its writes past that offset of a file fail with
-EFBIG, as they would on a disk without space. A failed write makes the store refuse every append
-until it is reopened (its state FAILED), so such a round ends with the limit raised and the
-broker restarted.
+The store creates every file an append needs before it writes, so a full disk shows when the
+log has to roll. Mounting needs root (CAP_SYS_ADMIN); without it (or with ``Sizes.disk =
+"rlimit"``) the full disk is simulated by lowering the broker's RLIMIT_FSIZE, so its writes fail
+with EFBIG as they would on a disk without space. :func:`disk_full` runs the rounds.
 """
 
 from __future__ import annotations
@@ -108,7 +101,14 @@ def _fill(path: Path) -> int:
 async def disk_full(world: World, sizes: Sizes, f: Figures) -> None:
     """Each round: load, fill the disk, send big bodies until the broker refuses one with
     ``STORE_FAILED`` (one fault), empty the disk. The next round's load shows appends resumed.
-    A broker that dies of the full disk is a finding: noted, and started again."""
+    A broker that dies of the full disk is a finding: noted, and started again.
+
+    The plain producer sends 64 KiB bodies until the broker answers ``STORE_FAILED`` (two 5 MiB
+    segments at most, the next one being preallocated); then the filler is removed. Without
+    root the limit is RLIMIT_FSIZE at 1 MiB (``prlimit``, Linux, as
+    tests/server/test_failed_append.py does): a failed write makes the store refuse every
+    append until it is reopened (its state FAILED), so such a round ends with the limit raised
+    and the broker restarted."""
     disk = world.spec.disk
     started = time.monotonic()
     for r in range(sizes.rounds):

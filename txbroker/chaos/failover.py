@@ -1,22 +1,11 @@
-"""The failover scenarios (issue 22): the world's services and producer reach two broker groups
-of three ``--role auto`` brokers each through a NameServer, and every round kill -9s one
-group's master under plain sends, @transactional orders and the outbox relay.
+"""The failover scenarios: the world's services and producer reach two broker groups of three
+``--role auto`` brokers each through a NameServer, and every round kill -9s one group's master
+under plain sends, @transactional orders and the outbox relay.
 
-A round: let load through (``load_round``), kill the master of the next group, time until a
-slave is elected and until it acknowledges a write (the new master *serves*: with sync
-replication that needs the third broker following it), start the killed one again on the same
-ports and data (it rejoins as a slave, cutting a divergent tail if it has one) and wait until
-the group is whole. After the rounds the world's checks run as for every scenario (every
-acknowledged send, committed order and outbox row applied once; nothing rolled back applied;
-every transaction decided), and then two of this scenario's own:
-
-- no acknowledged plain send is in a divergent tail a rejoining broker cut (with sync
-  replication an acknowledged write is on a slave, and the slave that holds the most wins);
-- the time each new master took to serve, reported as a distribution.
-
-``master-failover-async`` is the same with ``--replication async``: a write is acknowledged
-after the master's own flush, so a killed master can take acknowledged writes with it. Those
-are counted as the *loss window* (reported, not a failure of the scenario).
+Besides the world's checks, no acknowledged plain send may be in a divergent tail a rejoining
+broker cut, and the time each new master took to serve is reported. ``master-failover-async``
+is the same with ``--replication async``, where the writes a killed master takes with it are
+counted as the *loss window* (reported, not a failure). :func:`master_failover` runs a round.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ from txbroker.runtime.etcdproc import ETCD_BIN
 from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
-from txbroker.store.replica import parse_records
+from txbroker.store.replication import parse_records
 from txbroker_sdk import Client
 
 __all__ = [
@@ -106,6 +95,21 @@ def _write(path: Path, text: str) -> None:
 
 
 async def master_failover(world: World, sizes: Sizes, f: Figures) -> None:
+    """A round: let load through (``load_round``), kill the master of the next group, time until a
+    slave is elected and until it acknowledges a write (the new master *serves*: with sync
+    replication that needs the third broker following it), start the killed one again on the same
+    ports and data (it rejoins as a slave, cutting a divergent tail if it has one) and wait until
+    the group is whole. After the rounds the world's checks run as for every scenario (every
+    acknowledged send, committed order and outbox row applied once; nothing rolled back applied;
+    every transaction decided), and then two of this scenario's own:
+
+    - no acknowledged plain send is in a divergent tail a rejoining broker cut (with sync
+      replication an acknowledged write is on a slave, and the slave that holds the most wins);
+    - the time each new master took to serve, reported as a distribution.
+
+    With ``--replication async`` a write is acknowledged after the master's own flush, so a killed
+    master can take acknowledged writes with it: those are the loss window.
+    """
     cluster = world.spec.cluster
     assert cluster is not None, "the failover scenarios run in a cluster setting"
     started = time.monotonic()

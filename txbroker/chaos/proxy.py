@@ -1,14 +1,8 @@
 """A TCP proxy that injects network faults between the services and the broker (asyncio, in
-the campaign's process, loopback only), after asyncpg's ``TCPFuzzingProxy``:
-
-- **latency**: every chunk, both ways, waits ``latency_s`` before it is forwarded;
-- **reset**: every open connection is aborted with a TCP RST (``SO_LINGER`` 0), both sides;
-- **truncation**: the next chunk of each open connection is cut at a random byte, the part
-  before the cut forwarded, then both sides closed: a frame broken off mid-way, in whichever
-  direction the next bytes happened to travel.
-
-New connections are accepted throughout (a client reconnects through the proxy); faults apply
-to the connections open when they are injected, latency to all until it is set back to 0.
+the campaign's process, loopback only), after asyncpg's ``TCPFuzzingProxy``: latency, resets
+and truncated chunks (:class:`FaultProxy`). New connections are accepted throughout (a client
+reconnects through the proxy); faults apply to the connections open when they are injected,
+latency to all until it is set back to 0.
 """
 
 from __future__ import annotations
@@ -46,7 +40,14 @@ class _Pair:
 
 class FaultProxy:
     """``async with FaultProxy(target_port) as proxy``: ``proxy.port`` forwards to
-    127.0.0.1:``target_port``. Counters: ``connections``, ``resets``, ``truncations``."""
+    127.0.0.1:``target_port``. Counters: ``connections``, ``resets``, ``truncations``.
+
+    - **latency**: every chunk, both ways, waits ``latency_s`` before it is forwarded;
+    - **reset**: every open connection is aborted with a TCP RST (``SO_LINGER`` 0), both sides;
+    - **truncation**: the next chunk of each open connection is cut at a random byte, the part
+      before the cut forwarded, then both sides closed: a frame broken off mid-way, in
+      whichever direction the next bytes happened to travel.
+    """
 
     def __init__(self, target_port: int, rng: random.Random | None = None) -> None:
         self.target_port = target_port

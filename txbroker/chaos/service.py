@@ -1,20 +1,10 @@
 """The services the fault campaign kills: ``python -m txbroker.chaos orders|billing``.
 
-``orders`` places orders with ``@transactional`` on ``orders`` (the order row, the barrier and
-an ``audit`` outbox row in one database transaction), relays its outbox, and answers the
-broker's back-checks on ``--port`` (a fixed port: the broker knows the URL of every half
-message, so a restarted service must answer at the same one). It prints ``placed ID`` once a
-``@transactional`` call returned, flushed at once, so the campaign knows what the service saw
-committed before it died.
-
-``billing`` applies every message of ``orders``, ``audit`` and ``plain`` once, through the inbox
-(``@subscriber``), each as one row of ``chaos_effects`` whose ``ref`` has no unique key: a
-message applied twice is two rows, which is what the campaign counts.
-
-``orders`` stops placing on SIGUSR1 (and prints ``DONE``) but goes on relaying and answering
-back-checks, so the campaign can let everything settle. Both print ``READY`` once connected,
-stop on SIGTERM (finishing what is in flight), and die
-where ``TXB_FAULTS`` arms a crash point (:mod:`txbroker_sdk.faults`). A process lives at most
+``orders`` places orders with ``@transactional``, relays its outbox and answers back-checks;
+``billing`` applies every message once through the inbox, as rows whose doubles the campaign
+counts (:func:`orders` and :func:`billing` say what each prints and writes). Both print
+``READY`` once connected, stop on SIGTERM (finishing what is in flight), and die where
+``TXB_FAULTS`` arms a crash point (:mod:`txbroker_sdk.faults`). A process lives at most
 ``--lifetime-s``: a campaign that lost track of it must not leave it running.
 """
 
@@ -84,6 +74,14 @@ async def create_tables(engine: AsyncEngine) -> None:
 
 
 async def orders(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Places orders with ``@transactional`` on ``orders`` (the order row, the barrier and an
+    ``audit`` outbox row in one database transaction), relays its outbox, and answers the broker's
+    back-checks on ``--port`` (a fixed port: the broker knows the URL of every half message, so a
+    restarted service must answer at the same one). Prints ``placed ID`` once a ``@transactional``
+    call returned, flushed at once, so the campaign knows what the service saw committed before it
+    died. Stops placing on SIGUSR1 (and prints ``DONE``) but goes on relaying and answering
+    back-checks, so the campaign can let everything settle.
+    """
     engine = create_engine(args.db)
     check_url = f"http://127.0.0.1:{args.port}{CHECK_PATH}"
     endpoint = CheckbackEndpoint(BarrierResolver(engine), {GROUP: args.secret})
@@ -137,6 +135,10 @@ async def orders(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 async def billing(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Applies every message of ``orders``, ``audit`` and ``plain`` once, through the inbox
+    (``@subscriber``), each as one row of ``chaos_effects`` whose ``ref`` has no unique key: a
+    message applied twice is two rows, which is what the campaign counts.
+    """
     engine = create_engine(args.db)
     try:
         await create_tables(engine)

@@ -1,13 +1,10 @@
 """`txbroker bench failover`: the failover campaign at length and its figures.
 
-It runs the fault campaign's failover scenarios (txbroker/chaos/failover.py): two broker groups
-of three ``--role auto`` brokers, etcd and a NameServer on loopback, the orders and billing
-services and a plain producer through the NameServer, and every round a kill -9 of one group's
-master. It prints the campaign's table (acknowledged, lost, duplicated, anomalies, Spark), then
-how long each new master took to serve (median, p90, max and every sample) and, with async
-replication, the loss window: acknowledged writes that went down with a killed master.
-
-Exit code as `txbroker chaos`: 0 clean (async's loss window allowed), 1 not, 2 cannot run.
+It runs the fault campaign's failover scenarios (txbroker/chaos/failover.py) and prints the
+campaign's table (acknowledged, lost, duplicated, anomalies, Spark), then how long each new
+master took to serve (median, p90, max and every sample) and, with async replication, the loss
+window: acknowledged writes that went down with a killed master. Exit code as `txbroker chaos`:
+0 clean (async's loss window allowed), 1 not, 2 cannot run.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The coordination interface: what broker groups, the NameServer and failover need from a
 consistent store, and nothing more (docs/cluster.md).
 
-The engine behind it is etcd (``txbroker/cluster/etcd.py``); no consensus is written here. Keeping
-the interface this small is what lets the engine be swapped (ZooKeeper was the fallback) without
-touching its callers: keys and prefixes, leases that delete their keys when they end,
-compare-and-set on a key's revision, and a watch of a prefix from a revision on.
-
-Keys are ``/``-separated text (``/txb/groups/g1/master``); values are bytes the caller encodes.
-Revisions are the store's: every write gets a higher one, so "list at revision R, then watch
-from R + 1" misses nothing and sees nothing twice.
+The engine behind it is etcd (``txbroker/cluster/etcd.py``); no consensus is written here. The
+interface stays small so the engine can be swapped without touching its callers: keys and
+prefixes, leases that delete their keys when they end, compare-and-set on a key's revision, and
+a watch of a prefix from a revision on. Keys are ``/``-separated text; values are bytes the
+caller encodes. Every write gets a higher revision, so "list at revision R, then watch from
+R + 1" misses nothing and sees nothing twice.
 """
 
 from __future__ import annotations

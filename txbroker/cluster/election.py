@@ -1,30 +1,11 @@
 """Election of one leader per key ("the master of group g1"), on a key held under a kept lease.
 
-A candidate campaigns by creating the election key (``/txb/groups/g1/master``) under a lease of
-its own, only if the key is absent (etcd's compare on create_revision = 0): one create wins,
-the others wait, watching the key, until it is deleted (resigned, or its lease expired) and try
-again. The winner keeps its lease alive (lease.py) and **steps down before that lease can have
-expired on etcd** when keep-alives fail, so a new leader (elected only once etcd has deleted the
-key, i.e. after the lease ended) never overlaps with the old one, as long as the old one stops
-acting within the safety margin (lease.py). It also steps down when the key is deleted or
-overwritten under it (an operator's ``etcdctl del``).
-
-The key's create revision is the term's **epoch**: it grows with every election, so whatever a
-leader writes elsewhere can carry it, and a reader can refuse the lower one (a fencing token).
-
-States (one guarded transition function, ``Election._move``)::
-
-    IDLE ──campaign()──▶ CAMPAIGNING ──created the key──▶ LEADER ──resign()──▶ RESIGNED
-                          │  ▲    └─campaign cancelled─▶ IDLE      │
-                          │  └──────────campaign()───────────────┐ │ lease lost, key deleted
-                          │                                      │ ▼ or overwritten
-                          └──────────────────────────────────── STEPPED_DOWN
-
-    RESIGNED and STEPPED_DOWN may campaign again (with a new lease).
-
-:func:`watch_leader` follows the key from outside (the NameServer, ``cluster status``): the
-current leader, then every change, listing and watching again from the listing's revision
-whenever the watch breaks.
+A candidate campaigns by creating the election key under a lease of its own, only if the key is
+absent; the others watch it and try again once it is deleted. The winner keeps its lease alive
+(lease.py) and steps down before that lease can have expired on etcd, so a new leader never
+overlaps with the old one. The key's create revision is the term's **epoch**, a fencing token.
+:class:`Election` draws the states; :func:`watch_leader` follows the key from outside (the
+NameServer, ``cluster status``).
 """
 
 from __future__ import annotations
@@ -47,8 +28,9 @@ __all__ = ["DEFAULT_TTL_S", "Election", "ElectionState", "Term", "watch_leader"]
 
 log = logging.getLogger(__name__)
 
-# issue 22 asks for a new master within 5 s of the old one dying: a dead master's key goes when
-# its lease ends, so the TTL bounds the takeover; 3 s leaves 2 s for the new master to start.
+# Failover's target is a new master within 5 s of the old one dying (docs/cluster.md): a dead
+# master's key goes when its lease ends, so the TTL bounds the takeover; 3 s leaves 2 s for the
+# new master to start.
 DEFAULT_TTL_S: Final = 3
 # Between attempts when etcd cannot be reached: often enough to win soon after it is back, not
 # so often that a hundred brokers hammer a recovering etcd.
@@ -103,6 +85,27 @@ class Election:
     leadership is lost; ``stepped_down`` is set then too. ``eligible()``, if given, is asked
     each time the key is vacant: a candidate that is not the best one now does not campaign
     (failover: the slave with the most recent log should win).
+
+    A candidate campaigns by creating the election key (``/txb/groups/g1/master``) under a lease of
+    its own, only if the key is absent (etcd's compare on create_revision = 0): one create wins,
+    the others wait, watching the key, until it is deleted (resigned, or its lease expired) and try
+    again. The winner keeps its lease alive (lease.py) and **steps down before that lease can have
+    expired on etcd** when keep-alives fail, so a new leader (elected only once etcd has deleted the
+    key, i.e. after the lease ended) never overlaps with the old one, as long as the old one stops
+    acting within the safety margin (lease.py). It also steps down when the key is deleted or
+    overwritten under it (an operator's ``etcdctl del``). The key's create revision is the term's
+    epoch: it grows with every election, so whatever a leader writes elsewhere can carry it, and a
+    reader can refuse the lower one.
+
+    States (one guarded transition function, ``_move``)::
+
+        IDLE ──campaign()──▶ CAMPAIGNING ──created the key──▶ LEADER ──resign()──▶ RESIGNED
+                              │  ▲    └─campaign cancelled─▶ IDLE      │
+                              │  └──────────campaign()───────────────┐ │ lease lost, key deleted
+                              │                                      │ ▼ or overwritten
+                              └──────────────────────────────────── STEPPED_DOWN
+
+        RESIGNED and STEPPED_DOWN may campaign again (with a new lease).
     """
 
     def __init__(

@@ -1,40 +1,10 @@
 """The coordination interface on etcd's v3 API, through the ``aetcd`` client (asyncio, gRPC).
 
-Why aetcd: it is a maintained asyncio client of etcd's v3 gRPC API (1.0.0 requires a current
-grpcio and protobuf). It descends from python-etcd3 (``etcd3``), whose calls block (a broker
-would need a thread per call) and which is no longer maintained. aetcd was tried against
-Debian's etcd 3.4.23 (``etcd-server``) with grpcio 1.85 before it was chosen (docs/cluster.md,
-"The client"): leases are granted (a 1 s TTL comes back raised to etcd's 2 s minimum), kept
-alive and revoked, and a revoked lease's keep-alive answers TTL 0; a transaction comparing
-``mod_revision`` succeeds once and fails for the stale writer; a put inside a transaction
-keeps its lease only when given it again; a prefix read carries the revision it was read at;
-a watch from that revision + 1 delivers every later event in order; a watch from a compacted
-revision fails with ``RevisionCompactedError``; a stopped (SIGSTOP) etcd yields
-``DEADLINE_EXCEEDED`` at the call's deadline, a killed one ``UNAVAILABLE`` at once, and a watch
-stream ends with ``ConnectionFailedError`` when its etcd dies.
-
-What is done around it, and why:
-
-- **Every call has a deadline** (``request_timeout_s``): aetcd's gRPC timeout, and an asyncio
-  timeout around the whole call (aetcd waits for some things, such as a watch's creation, on
-  its own).
-- **Several endpoints**: aetcd talks to one ``host:port``, so there is one aetcd client per
-  endpoint of the URL. A call goes to the endpoint that answered last; when that one cannot be
-  reached it moves to the next, and round again after a short pause, all within the same
-  deadline (an etcd restarting is answered about a second after it serves: gRPC's reconnect
-  back-off is capped at 1 s). A write whose request may have reached
-  etcd (a deadline passed, a stream broke) is *not* sent again elsewhere, since it may have been
-  applied: the caller gets ``CoordinatorUnavailable`` and decides (the election checks whether
-  its key carries its lease, lease.py / election.py).
-- **Keep-alive** uses aetcd's ``LeaseKeepAlive`` stub directly: ``refresh_lease`` returns from
-  inside the stream's ``async for`` and leaves the stream to the garbage collector; here the
-  stream is cancelled as soon as its one answer is read.
-- **Errors** become txbroker's (errors.py): no endpoint answering within the deadline is
-  :class:`CoordinatorUnavailable`, a lease etcd no longer knows is :class:`LeaseExpired`,
-  anything else :class:`CoordinationError`; each message names the endpoint and the request.
-- **gRPC keep-alive pings** every 10 s (etcd refuses pings more often than every 5 s by default,
-  ``--grpc-keepalive-min-time``), so a watch on a stopped or cut-off etcd ends within ~15 s
-  instead of hanging.
+aetcd is a maintained asyncio client of the v3 API; python-etcd3, which it descends from, blocks
+on every call. What it was checked against before it was chosen is in docs/cluster.md ("The
+client"). Around it: a deadline on every call, one client per endpoint of the URL with failover
+between them, keep-alives through the ``LeaseKeepAlive`` stub, gRPC keep-alive pings, and its
+errors turned into txbroker's (:class:`EtcdCoordinator`).
 """
 
 from __future__ import annotations
@@ -110,6 +80,29 @@ class EtcdCoordinator(Coordinator):
 
         async with await connect_etcd("etcd://127.0.0.1:2379") as coordinator:
             await coordinator.put("/txb/hello", b"world")
+
+    What is done around aetcd, and why:
+
+    - **Every call has a deadline** (``request_timeout_s``): aetcd's gRPC timeout, and an asyncio
+      timeout around the whole call (aetcd waits for some things, such as a watch's creation, on
+      its own).
+    - **Several endpoints**: aetcd talks to one ``host:port``, so there is one aetcd client per
+      endpoint of the URL. A call goes to the endpoint that answered last; when that one cannot be
+      reached it moves to the next, and round again after a short pause, all within the same
+      deadline (an etcd restarting is answered about a second after it serves: gRPC's reconnect
+      back-off is capped at 1 s). A write whose request may have reached etcd (a deadline passed,
+      a stream broke) is *not* sent again elsewhere, since it may have been applied: the caller
+      gets ``CoordinatorUnavailable`` and decides (the election checks whether its key carries its
+      lease, lease.py / election.py).
+    - **Keep-alive** uses aetcd's ``LeaseKeepAlive`` stub directly: ``refresh_lease`` returns from
+      inside the stream's ``async for`` and leaves the stream to the garbage collector; here the
+      stream is cancelled as soon as its one answer is read.
+    - **Errors** become txbroker's (errors.py): no endpoint answering within the deadline is
+      :class:`CoordinatorUnavailable`, a lease etcd no longer knows is :class:`LeaseExpired`,
+      anything else :class:`CoordinationError`; each message names the endpoint and the request.
+    - **gRPC keep-alive pings** every 10 s (etcd refuses pings more often than every 5 s by
+      default, ``--grpc-keepalive-min-time``), so a watch on a stopped or cut-off etcd ends within
+      ~15 s instead of hanging.
     """
 
     def __init__(

@@ -1,32 +1,11 @@
 """A lease kept alive, and the local moment before which it is surely still alive on etcd.
 
-etcd deletes a lease's keys when no keep-alive has reached it for the lease's TTL. A holder that
-cannot reach etcd does not learn when that happens, so it must give up *before* it can have
-happened: :class:`LeaseKeeper` keeps, on this process's monotonic clock, ``valid_until_s``:
-
-    (local time a keep-alive that etcd answered was *sent*) + (the TTL it answered) - margin
-
-(first with the grant's send time, ``Lease.granted_at_s``). etcd started counting the TTL
-when the request reached it, which is after it was sent, so the lease lives on etcd at least
-until ``sent + TTL``; an etcd leader change only extends leases, never shortens them. When
-keep-alives fail (etcd down, cut off, stopped) the keeper moves to LOST at ``valid_until_s``
-at the latest, calling ``on_lost`` there, even while a keep-alive request still hangs.
-
-The margin (``safety_margin_s``, by default a fifth of the TTL, at least 0.5 s) is for what
-lies between the timer and the effect: the event loop running the timer late, the ``on_lost``
-callback taking effect (a master refusing writes), and the two clocks' rates differing over a
-TTL (parts per million). A writer that must never act on a lapsed lease checks
-:meth:`LeaseKeeper.is_valid` before each acknowledgement: a read of the clock, correct even
-when the loop is too busy to have run the timer.
-
-States (one guarded transition function, ``_move``)::
-
-    KEEPING ──keep-alives failed until valid_until_s, or etcd says the lease is gone──▶ LOST
-       └────stop(): revoked (its keys deleted now) or let go───────────────────────▶ ENDED
-
-``stop()`` after a loss moves LOST to ENDED, and still revokes: the lease may live on etcd for
-up to the margin, and revoking hands its keys over sooner. ENDED is final; a holder that lost
-its lease campaigns or registers again with a new one.
+etcd deletes a lease's keys when no keep-alive has reached it for the TTL, and a holder cut off
+from etcd does not learn when that happens, so it must give up *before* it can have happened.
+:class:`LeaseKeeper` keeps ``valid_until_s`` on the monotonic clock (the send time of the last
+answered keep-alive, plus its TTL, minus a safety margin) and moves to LOST there at the latest,
+even while a keep-alive still hangs; a writer checks :meth:`LeaseKeeper.is_valid` before each
+acknowledgement.
 """
 
 from __future__ import annotations
@@ -88,6 +67,31 @@ class LeaseKeeper:
         if keeper.is_valid():  # before acting on what the lease guards
             ...
         await keeper.stop()  # revokes: its keys go now, not a TTL later
+
+    ``valid_until_s`` is::
+
+        (local time a keep-alive that etcd answered was *sent*) + (the TTL it answered) - margin
+
+    (first with the grant's send time, ``Lease.granted_at_s``). etcd started counting the TTL
+    when the request reached it, which is after it was sent, so the lease lives on etcd at least
+    until ``sent + TTL``; an etcd leader change only extends leases, never shortens them. When
+    keep-alives fail (etcd down, cut off, stopped) the keeper moves to LOST at ``valid_until_s``
+    at the latest, calling ``on_lost`` there, even while a keep-alive request still hangs.
+
+    The margin (``safety_margin_s``, by default a fifth of the TTL, at least 0.5 s) is for what
+    lies between the timer and the effect: the event loop running the timer late, the ``on_lost``
+    callback taking effect (a master refusing writes), and the two clocks' rates differing over a
+    TTL (parts per million). :meth:`is_valid` is a read of the clock, correct even when the loop
+    is too busy to have run the timer.
+
+    States (one guarded transition function, ``_move``)::
+
+        KEEPING ──keep-alives failed until valid_until_s, or etcd says the lease is gone──▶ LOST
+           └────stop(): revoked (its keys deleted now) or let go───────────────────────▶ ENDED
+
+    ``stop()`` after a loss moves LOST to ENDED, and still revokes: the lease may live on etcd for
+    up to the margin, and revoking hands its keys over sooner. ENDED is final; a holder that lost
+    its lease campaigns or registers again with a new one.
     """
 
     def __init__(

@@ -3,14 +3,8 @@
 The key is put under a lease the owner keeps alive (lease.py). When the owner dies or is cut
 off, etcd deletes the key within the TTL, and everyone watching the prefix (the NameServer,
 the election's candidates, ``cluster status``) sees it go. When the owner itself loses the
-lease (etcd was unreachable for a TTL) it registers again with a new lease as soon as etcd
-answers, so a broker that survives a partition reappears by itself.
-
-States::
-
-    UNREGISTERED ──start()──▶ REGISTERED ──lease lost──▶ REREGISTERING ──put again──▶ REGISTERED
-          ▲                       │                            │
-          └────────stop(): lease revoked, key gone─────────────┘
+lease it registers again with a new lease as soon as etcd answers, so a broker that survives a
+partition reappears by itself (:class:`Registration` draws the states).
 """
 
 from __future__ import annotations
@@ -62,6 +56,12 @@ class Registration:
         await registration.start()  # CoordinatorUnavailable if etcd does not answer
         await registration.update(new_info)  # same lease
         await registration.stop()  # the key goes now
+
+    States::
+
+        UNREGISTERED ──start()──▶ REGISTERED ──lease lost──▶ REREGISTERING ──put again──▶ REGISTERED
+              ▲                       │                            │
+              └────────stop(): lease revoked, key gone─────────────┘
     """
 
     def __init__(

@@ -1,18 +1,12 @@
 """What broker groups keep in etcd, and its layout, written once: the key of each thing under
 ``/txb/`` and the JSON of its value (docs/cluster.md, "What is in etcd").
 
-- ``/txb/brokers/<group>/<broker>``: a :class:`BrokerInfo` (address, role, flushed offset),
-  under the broker's registration lease (``txbroker/server/membership.py`` keeps it);
-- ``/txb/topics/<topic>``: a :class:`TopicRoute`, which of the topic's queues each group holds,
-  with no lease (``txbroker topic create ... --groups``);
+- ``/txb/brokers/<group>/<broker>``: a :class:`BrokerInfo`, under the broker's registration lease;
+- ``/txb/topics/<topic>``: a :class:`TopicRoute`, which of the topic's queues each group holds;
 - ``/txb/groups/<group>/master``: the election key of a group whose brokers run ``--role auto``.
 
-A topic's queues are numbered globally, ``0 .. queues-1``, and split over groups in blocks
-(:func:`spread_queues`): with 8 queues on g1 and g2, g1 holds 0-3 and g2 4-7. Each group holds
-the topic under the same name with its share of queues, numbered locally: local queue ``i`` of
-a group is the ``i``-th global queue of its share. A client picks a global queue as a single
-broker does (a key's hash, or round-robin, over the topic's total queues) and sends to the
-group owning it with the local queue id, so one key stays on one queue of one group.
+A topic's queues are numbered globally and split over groups in blocks (:class:`TopicRoute`),
+so one key stays on one queue of one group.
 """
 
 from __future__ import annotations
@@ -144,6 +138,17 @@ class GroupShare:
 
 @dataclass(frozen=True, slots=True)
 class TopicRoute:
+    """Which of a topic's queues each group holds; kept with no lease (``txbroker topic create
+    ... --groups``).
+
+    A topic's queues are numbered globally, ``0 .. queues-1``, and split over groups in blocks
+    (:func:`spread_queues`): with 8 queues on g1 and g2, g1 holds 0-3 and g2 4-7. Each group holds
+    the topic under the same name with its share of queues, numbered locally: local queue ``i`` of
+    a group is the ``i``-th global queue of its share. A client picks a global queue as a single
+    broker does (a key's hash, or round-robin, over the topic's total queues) and sends to the
+    group owning it with the local queue id.
+    """
+
     topic: str
     queues: int  # over all groups
     shares: tuple[GroupShare, ...]

@@ -2,14 +2,8 @@
 
 Server-rendered pages (``views/``), one stylesheet, no JavaScript: every action is a form POST
 answered by a redirect. Every answer carries headers that keep a page from being framed,
-sniffed or made to run script::
-
-    Content-Security-Policy: default-src 'none'; style-src 'self'; img-src 'self';
-        form-action 'self'; frame-ancestors 'none'; base-uri 'none'
-    X-Frame-Options: DENY
-    X-Content-Type-Options: nosniff
-    Referrer-Policy: same-origin
-    Cache-Control: no-store          (pages hold message bodies; the stylesheet may be cached)
+sniffed or made to run script (:data:`HEADERS`), and ``Cache-Control: no-store`` but the
+stylesheet, since pages hold message bodies.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Who may change anything: the checks every POST of the console passes, in order.
 
-1. **Same origin.** A browser names where a request comes from: ``Sec-Fetch-Site`` must be
-   ``same-origin`` and ``Origin`` must be this console's own origin when they are sent (every
-   current browser sends both on a form POST). A page elsewhere cannot post here.
-2. **A session** (``session.py``): signed in with a token when the broker has tokens; to act,
-   one with the admin role on every topic.
+1. **Same origin** (:func:`cross_site`): a page elsewhere cannot post here.
+2. **A session** (``session.py``): to act, signed in with an admin token on every topic.
 3. **The form's CSRF token** matches the session (checked where the form is read).
-4. **Without any token**, only from the broker's own host: the peer is a loopback address
-   and the ``Host`` header names a loopback address or ``localhost``. The second half stops DNS
-   rebinding: a page at evil.example whose name is made to resolve to 127.0.0.1 sends
-   ``Host: evil.example`` and its own origin, which would pass the first check.
+4. **Without any token**, only from the broker's own host (:func:`local_only`).
 
 Read-only pages need only the session (signed in when there is a token), like the JSON admin
 API, which needs the token to read too.
@@ -31,7 +25,11 @@ FORM_FIELDS_MAX: Final = 16
 
 
 def cross_site(request: Request) -> str | None:
-    """Why this request may come from another site; None if it is same-origin."""
+    """Why this request may come from another site; None if it is same-origin.
+
+    A browser names where a request comes from: ``Sec-Fetch-Site`` must be ``same-origin`` and
+    ``Origin`` must be this console's own origin when they are sent (every current browser
+    sends both on a form POST)."""
     site = request.headers.get("sec-fetch-site")
     if site is not None and site != "same-origin":
         return f"a cross-site request (Sec-Fetch-Site: {site}) cannot act on this broker"
@@ -60,7 +58,12 @@ def _host_name(host_header: str) -> str:
 
 
 def local_only(request: Request) -> str | None:
-    """Why this request is not from the broker's own host; None if it is."""
+    """Why this request is not from the broker's own host; None if it is.
+
+    The peer must be a loopback address and the ``Host`` header must name a loopback address or
+    ``localhost``. The second half stops DNS rebinding: a page at evil.example whose name is
+    made to resolve to 127.0.0.1 sends ``Host: evil.example`` and its own origin, which would
+    pass the same-origin check."""
     peer = request.client.host if request.client else ""
     host = _host_name(request.headers.get("host", "")).lower()
     if not _loopback(peer) or not (host == "localhost" or _loopback(host)):

@@ -1,21 +1,10 @@
 """Console sessions: a signed cookie instead of a token in every request.
 
 A browser cannot send ``Authorization: Bearer`` by itself, so an operator signs in once with a
-token of the broker (``tokens.py``; one with the read or admin role on every topic) and gets a
-session cookie ``txb_console`` (HttpOnly, SameSite=Strict, path ``/console``):
-``<session id>.<expiry>.<token name, hex>.<HMAC>``, signed with a key derived from the digests
-of all the broker's tokens. The broker keeps no session table: changing the tokens (a restart
-with others) ends every session, a token removed ends its sessions, and a session ends by itself
-after ``SESSION_TTL_S``. What a session may do is its token's roles, looked up by name.
-
-Without a token configured there is nothing to sign in with: every visitor gets an anonymous
-session on the first page, signed with a key drawn at start (a restart ends them). It exists
-only so the forms' CSRF tokens have something to be bound to; who may act is decided in
-``guard.py`` (from the broker's own host only).
-
-Each session has its CSRF token, an HMAC of its id: forms carry it, and a form whose token is
-not its session's is refused. Short notices after an action ("committed ...") travel in a signed
-cookie too, so a link cannot make the console say something it did not do.
+broker token and gets a signed session cookie; the broker keeps no session table, so changing or
+removing tokens ends their sessions. Without tokens every visitor gets an anonymous session,
+only so the forms' CSRF tokens have something to be bound to (who may act: ``guard.py``).
+:class:`Sessions` gives the cookie's layout, keys and lifetimes.
 """
 
 from __future__ import annotations
@@ -58,6 +47,24 @@ class Session:
 
 
 class Sessions:
+    """The console's sessions, CSRF tokens and notices, all signed; no table of them is kept.
+
+    An operator signs in with a token of the broker (``tokens.py``; one with the read or admin role
+    on every topic) and gets a session cookie ``txb_console`` (HttpOnly, SameSite=Strict, path
+    ``/console``): ``<session id>.<expiry>.<token name, hex>.<HMAC>``, signed with a key derived
+    from the digests of all the broker's tokens. Changing the tokens (a restart with others) ends
+    every session, a token removed ends its sessions, and a session ends by itself after
+    ``SESSION_TTL_S``. What a session may do is its token's roles, looked up by name.
+
+    Without a token configured every visitor gets an anonymous session on the first page, signed
+    with a key drawn at start (a restart ends them); who may act is decided in ``guard.py`` (from
+    the broker's own host only).
+
+    Each session has its CSRF token, an HMAC of its id: forms carry it, and a form whose token is
+    not its session's is refused. Short notices after an action ("committed ...") travel in a
+    signed cookie too, so a link cannot make the console say something it did not do.
+    """
+
     def __init__(
         self,
         tokens: TokenTable | str | None,

@@ -1,21 +1,10 @@
 """One transaction's story, from what the broker knows: PREPARE, each back-check and its answer,
 parking and resuming, the decision, the delivery, and how far each consumer group got.
 
-Sources, all bounded reads:
-
-- the coordinator's memory (open transactions and the last 100,000 ended ones): state, check
-  count, reason, and the back-checks since the broker started (``Tx.history``);
-- the half record (``%HALF``, at the physical offset the transaction keeps): the message as
-  prepared, its ``traceparent``;
-- ``%TXOP`` from the transaction's op mark on (at most ``OP_SCAN_MAX`` records): its park,
-  resume and rollback records;
-- the index: the decision record (``txend:<tx>``), the visible copy (by message id), and each
-  group's NACK of it (``nack:<group>:<topic>:<queue>:<offset>``);
-- committed offsets: a group has processed the message once it committed past its offset (the
-  broker is told no more than that).
-
-A transaction ended long ago (out of memory, or after a restart) is rebuilt from the log
-alone; one whose records retention deleted is not found.
+Every source is a bounded read: the coordinator's memory, the half record, ``%TXOP`` from the
+op mark on, the key index and the committed offsets (:func:`build_timeline` lists them). A
+transaction ended long ago (out of memory, or after a restart) is rebuilt from the log alone;
+one whose records retention deleted is not found.
 """
 
 from __future__ import annotations
@@ -138,7 +127,21 @@ def _op_event(m: StoredMessage) -> Event:
 
 
 async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
-    """Everything the broker knows about ``tx_id``; NotFound if it knows nothing."""
+    """Everything the broker knows about ``tx_id``; NotFound if it knows nothing.
+
+    Sources, all bounded reads:
+
+    - the coordinator's memory (open transactions and the last 100,000 ended ones): state, check
+      count, reason, and the back-checks since the broker started (``Tx.history``);
+    - the half record (``%HALF``, at the physical offset the transaction keeps): the message as
+      prepared, its ``traceparent``;
+    - ``%TXOP`` from the transaction's op mark on (at most ``OP_SCAN_MAX`` records): its park,
+      resume and rollback records;
+    - the index: the decision record (``txend:<tx>``), the visible copy (by message id), and each
+      group's NACK of it (``nack:<group>:<topic>:<queue>:<offset>``);
+    - committed offsets: a group has processed the message once it committed past its offset (the
+      broker is told no more than that).
+    """
     durable = deps.store.durable()
     if durable is not None:  # shielded: a timeout here must not cancel the group commit
         with contextlib.suppress(TimeoutError, TxbError):

@@ -1,5 +1,5 @@
-"""The NameServer (issue 22, item 3): topic routes and group masters from etcd to clients, from a
-watch-fed cache, over the broker's protocol (ROUTE). Stateless: run several, any one answers."""
+"""The NameServer: topic routes and group masters from etcd to clients, from a watch-fed cache,
+over the broker's protocol (ROUTE). Stateless: run several, any one answers."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """The NameServer's view of the cluster: everything under ``/txb/`` in memory, fed by list-then-
 watch, so a route is answered from memory and never waits for etcd.
 
-The loop lists ``/txb/`` (the keys and the revision they were read at), then watches from that
-revision + 1: every later write arrives once, in order, and nothing is missed between the two.
-When the watch breaks (etcd down, cut off, a compacted revision) it lists again and watches
-again, after a pause; meanwhile the last view keeps being served. A route rarely changes and a
-stale master is corrected by the client's own refresh (a send to a broker that is gone fails,
-and the client asks again), so a NameServer cut off from etcd answering from its last view is
-more useful than one refusing to answer.
+The loop lists ``/txb/``, then watches from the listing's revision + 1, so every later write
+arrives once, in order; when the watch breaks it lists and watches again, after a pause, while
+the last view keeps being served. A route rarely changes and a stale master is corrected by the
+client's own refresh, so a NameServer cut off from etcd answering from its last view is more
+useful than one refusing to answer.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The NameServer process: routes from etcd to clients, over the broker's own protocol.
 
-It speaks the broker's wire protocol (``txbroker/protocol``: HELLO, PING and ROUTE), with the
-broker's connection object (``txbroker/server/connection.py``): the SDK already has the client
-side (framing, pipelining, deadlines, reconnects, TLS, typed errors), so a client asks a
-NameServer as it asks a broker, and the connection's bounds and error frames hold here too.
-docs/cluster.md, "The NameServer", says why this and not HTTP JSON.
-
-Answers come from :class:`~txbroker.nameserver.cache.RouteCache`, kept current by a watch; the
-NameServer holds no state of its own, so several can run and any one answers.
+It speaks the broker's wire protocol (HELLO, PING and ROUTE) with the broker's connection object,
+so a client asks a NameServer as it asks a broker, with the SDK's framing, pipelining,
+deadlines, reconnects, TLS and typed errors, and the connection's bounds hold here too
+(docs/cluster.md, "The NameServer", says why not HTTP JSON). Answers come from
+:class:`~txbroker.nameserver.cache.RouteCache`, kept current by a watch; the NameServer holds no
+state of its own, so several can run and any one answers.
 """
 
 from __future__ import annotations
@@ -92,7 +90,7 @@ class NameServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def _route(self, req: RouteRequest) -> RouteResponse:
+    def _route(self, req: RouteRequest) -> RouteResponse:
         assert self.cache is not None
         return self.cache.route(req.topic)
 
@@ -111,7 +109,7 @@ class NameServer:
             await self._coordinator.close()
 
 
-async def _ping(_: Any) -> Empty:
+def _ping(_: Any) -> Empty:
     return Empty()
 
 

@@ -1,17 +1,9 @@
 """The wire frame: byte layout, kinds, opcodes and limits. Written once, here.
 
-Every frame is a 12-byte header and a body::
-
-    offset size field        meaning
-    0      4    length u32   bytes after this field: 8 more header bytes + the body
-    4      1    version u8   PROTOCOL_VERSION; anything else is refused
-    5      1    kind u8      FrameKind: request, response, error
-    6      2    opcode u16   Opcode: what the request asks (echoed in its response)
-    8      4    corr_id u32  correlation id chosen by the requester, echoed in the answer
-    12     ...  body         msgspec msgpack; its schema depends on (kind, opcode)
-
-Big-endian, like most network protocols. Requests on one connection may be pipelined; answers
-carry the request's correlation id and may come back in any order.
+Every frame is a 12-byte header (:data:`HEADER`, one comment per field) and a msgspec msgpack
+body whose schema depends on (kind, opcode). Big-endian, like most network protocols. Requests
+on one connection may be pipelined; answers carry the request's correlation id and may come
+back in any order.
 """
 
 from __future__ import annotations
@@ -29,6 +21,13 @@ __all__ = [
     "Opcode",
 ]
 
+# offset size field        meaning
+# 0      4    length u32   bytes after this field: 8 more header bytes + the body
+# 4      1    version u8   PROTOCOL_VERSION; anything else is refused
+# 5      1    kind u8      FrameKind: request, response, error
+# 6      2    opcode u16   Opcode: what the request asks (echoed in its response)
+# 8      4    corr_id u32  correlation id chosen by the requester, echoed in the answer
+# 12     ...  body         msgspec msgpack; its schema depends on (kind, opcode)
 HEADER: Final = struct.Struct(">IBBHI")
 LENGTH: Final = struct.Struct(">I")
 assert HEADER.size == 12

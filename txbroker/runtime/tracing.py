@@ -1,12 +1,8 @@
 """Traces through OpenTelemetry, shared by the broker and the services.
 
 Only ``opentelemetry-api`` is a dependency: its tracer is a no-op until a TracerProvider is set.
-:func:`setup_tracing` sets one (the SDK's, exporting OTLP over HTTP) when the process asks for
-it through the standard variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or ``OTEL_TRACES_EXPORTER=otlp``) and the ``otel`` extra
-is installed; the SDK itself reads the rest (``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``,
-``OTEL_RESOURCE_ATTRIBUTES``...). No project-specific knob.
-
+:func:`setup_tracing` sets one (the SDK's, exporting OTLP over HTTP) when the standard
+``OTEL_*`` variables ask for it and the ``otel`` extra is installed; no project-specific knob.
 Hot paths ask :func:`tracing_on` (one attribute read) before building span attributes, so with
 nothing configured a message costs a function call and a boolean test.
 """
@@ -79,7 +75,12 @@ def _wanted(env: Mapping[str, str]) -> bool:
 def setup_tracing(service_name: str, env: Mapping[str, str] | None = None) -> bool:
     """Install the SDK's TracerProvider with an OTLP/HTTP exporter when the environment asks
     for traces; ``service_name`` applies only when ``OTEL_SERVICE_NAME`` is not set. Returns
-    whether tracing is on. Idempotent; an application that set its own provider keeps it."""
+    whether tracing is on. Idempotent; an application that set its own provider keeps it.
+
+    The environment asks for traces with ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or ``OTEL_TRACES_EXPORTER=otlp``; the SDK itself
+    reads the rest (``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``,
+    ``OTEL_RESOURCE_ATTRIBUTES``...)."""
     env = os.environ if env is None else env
     if _State.on:
         return True

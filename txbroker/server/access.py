@@ -4,25 +4,7 @@
 topic (an admin token skips it: nothing is added to the hot path of a broker without tokens or
 used with the admin token). A request refused gets ``FORBIDDEN`` naming the role and the topic
 it needs; the connection stays open. Listings are filtered to the topics the token may see.
-
-    opcode                                 needs
-    PING                                   any valid token
-    SEND, SEND_BATCH, TX_PREPARE           produce on the topic (every message's, in a batch)
-    TX_END                                 produce on the transaction's topic
-    HEARTBEAT, PULL, ACK, NACK, LEAVE      consume on the topic
-    TOPIC_DESCRIBE                         any role on the topic
-    TOPIC_LIST                             any role; lists the topics it has a role on
-    OFFSETS                                read or consume (on the topic, if one is asked);
-                                           lists the groups of topics it may read or consume
-    TX_LIST, TX_SHOW                       read (on the transaction's topic); lists those
-    DLQ_LIST                               read; lists dead letters of topics it may read
-    TOPIC_CREATE, TOPIC_DELETE             admin on the topic
-    TX_RESOLVE                             admin on the transaction's topic
-    DLQ_REDRIVE                            admin on every topic (``*``): a group's dead letters
-                                           go back to whatever topics they came from
-    REPL_FETCH                             admin on every topic (``*``): a slave reads the
-                                           whole log
-    ROUTE (a NameServer's)                 any role on the topic; any role for the groups alone
+:class:`Access` holds the table of what each opcode needs.
 """
 
 from __future__ import annotations
@@ -68,9 +50,31 @@ _LISTINGS: Final = frozenset({Opcode.TOPIC_LIST, Opcode.OFFSETS, Opcode.TX_LIST,
 
 
 class Access:
-    """The tokens and the rules above. ``tx_topic`` names a transaction's topic (None when the
+    """The tokens and the rules below. ``tx_topic`` names a transaction's topic (None when the
     broker does not hold it: then the role is needed on some topic, and the request goes on to
-    be answered as for an unknown transaction, which changes nothing)."""
+    be answered as for an unknown transaction, which changes nothing).
+
+    ::
+
+        opcode                                 needs
+        PING                                   any valid token
+        SEND, SEND_BATCH, TX_PREPARE           produce on the topic (every message's, in a batch)
+        TX_END                                 produce on the transaction's topic
+        HEARTBEAT, PULL, ACK, NACK, LEAVE      consume on the topic
+        TOPIC_DESCRIBE                         any role on the topic
+        TOPIC_LIST                             any role; lists the topics it has a role on
+        OFFSETS                                read or consume (on the topic, if one is asked);
+                                               lists the groups of topics it may read or consume
+        TX_LIST, TX_SHOW                       read (on the transaction's topic); lists those
+        DLQ_LIST                               read; lists dead letters of topics it may read
+        TOPIC_CREATE, TOPIC_DELETE             admin on the topic
+        TX_RESOLVE                             admin on the transaction's topic
+        DLQ_REDRIVE                            admin on every topic (``*``): a group's dead
+                                               letters go back to whatever topics they came from
+        REPL_FETCH                             admin on every topic (``*``): a slave reads the
+                                               whole log
+        ROUTE (a NameServer's)                 any role on the topic; any role for the groups alone
+    """
 
     def __init__(self, tokens: TokenTable, tx_topic: Callable[[str], str | None]) -> None:
         self.tokens = tokens

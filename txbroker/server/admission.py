@@ -1,29 +1,10 @@
 """Connection limits: who gets a connection slot, how long a slot is kept without HELLO or
 without traffic, and how fast one connection may send frames.
 
-A connection is in one of two states here, and moves forward only::
-
-    HANDSHAKE ──HELLO (or, without an auth token, a first request)──▶ OPEN
-        │                                                              │
-        └── handshake deadline, eviction ──▶ closed ◀── idle, rate ────┘
-
-- **Slots.** At most ``max_connections`` are open. Connections in HANDSHAKE may hold all but
-  ``reserved`` of them, so authenticated clients always have ``reserved`` slots to themselves.
-  When a new connection finds the handshake slots (or all slots) full, the *oldest* connection
-  still in HANDSHAKE is closed to make room: a flood of sockets that never say HELLO keeps
-  pushing out its own oldest members, while a real client, which sends HELLO in its first
-  round trip, is through the handshake long before the flood's newer sockets reach it. Only
-  when every slot is held by authenticated connections is a new one refused.
-- **Deadlines.** A connection must complete HELLO within ``handshake_timeout_s``; an OPEN one
-  with no request in flight (a held long poll *is* in flight) that sends nothing for
-  ``idle_timeout_s`` is closed.
-- **Frame rate.** A token bucket per connection: ``max_frames_per_s`` tokens a second, holding
-  up to twice that (a burst). A connection that sends faster is told ``RATE_LIMITED`` and closed.
-
-The hot path does no clock reads: a connection marks itself heard and takes tokens as frames
-arrive; one sweeper refills the buckets and looks for idle connections once a second, and
-expires handshakes ten times a second, starting from the oldest and stopping at the first still
-within its deadline.
+Slots with a reserve for authenticated connections (a flood of sockets that never say HELLO
+pushes out its own oldest members), a handshake deadline, an idle deadline, and a token bucket
+of frames per connection. The hot path reads no clock: a connection marks itself heard and takes
+tokens as frames arrive, and one sweeper does the rest (:class:`Admission` draws the states).
 """
 
 from __future__ import annotations
@@ -93,6 +74,33 @@ class Limits:
 
 
 class Admission:
+    """The broker's connection slots, deadlines and frame buckets.
+
+    A connection is in one of two states here, and moves forward only::
+
+        HANDSHAKE ──HELLO (or, without an auth token, a first request)──▶ OPEN
+            │                                                              │
+            └── handshake deadline, eviction ──▶ closed ◀── idle, rate ────┘
+
+    - **Slots.** At most ``max_connections`` are open. Connections in HANDSHAKE may hold all but
+      ``reserved`` of them, so authenticated clients always have ``reserved`` slots to themselves.
+      When a new connection finds the handshake slots (or all slots) full, the *oldest* connection
+      still in HANDSHAKE is closed to make room: a flood of sockets that never say HELLO keeps
+      pushing out its own oldest members, while a real client, which sends HELLO in its first
+      round trip, is through the handshake long before the flood's newer sockets reach it. Only
+      when every slot is held by authenticated connections is a new one refused.
+    - **Deadlines.** A connection must complete HELLO within ``handshake_timeout_s``; an OPEN one
+      with no request in flight (a held long poll *is* in flight) that sends nothing for
+      ``idle_timeout_s`` is closed.
+    - **Frame rate.** A token bucket per connection: ``max_frames_per_s`` tokens a second, holding
+      up to twice that (a burst). A connection that sends faster is told ``RATE_LIMITED`` and
+      closed.
+
+    One sweeper refills the buckets and looks for idle connections once a second, and expires
+    handshakes ten times a second, starting from the oldest and stopping at the first still within
+    its deadline.
+    """
+
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._handshake_max = limits.max_connections - limits.reserved

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from starlette.routing import BaseRoute, Mount
 
@@ -26,32 +26,31 @@ from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.admission import FILES_MARGIN, Admission, Limits, fit_limits
 from txbroker.server.config import ServerConfig
-from txbroker.server.connection import Connection
+from txbroker.server.connection import Connection, Handler
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.delay import DelayScheduler
 from txbroker.server.deletion import TopicDeletion
-from txbroker.server.epochs import EpochHistory
 from txbroker.server.failover import Failover, MasterDuties
 from txbroker.server.groups import GroupCoordinator
-from txbroker.server.handlers import build_direct_handlers, build_handlers
+from txbroker.server.handlers import build_handlers
 from txbroker.server.http import build_http_app, tcp_requests
 from txbroker.server.longpoll import Notifier
 from txbroker.server.membership import Membership, MembershipSettings
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
 from txbroker.server.receipts import Receiver
-from txbroker.server.replication import ReplicaTracker
-from txbroker.server.replication import install as install_replication
-from txbroker.server.replicator import Replicator, replica_name
+from txbroker.server.replication.epochs import EpochHistory
+from txbroker.server.replication.master import ReplicationMaster, ReplicaTracker
+from txbroker.server.replication.slave import Replicator, replica_name
 from txbroker.server.retry import RetryService
+from txbroker.server.role import WRITES, Role
 from txbroker.server.tlslisten import TlsListener
 from txbroker.server.topics import TopicRegistry
-from txbroker.server.txports import TxPublishing
 from txbroker.store import MessageStore, StoreConfig
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx.checker import BackChecker, CheckSettings
 from txbroker.tx.coordinator import TxCoordinator, TxSettings
-from txbroker.tx.reput import COMPACT_INTERVAL_S, HalfMover
+from txbroker.tx.halfcopy import COMPACT_INTERVAL_S, HalfCopier
 
 __all__ = ["BrokerServer", "serve"]
 
@@ -84,7 +83,7 @@ class BrokerServer:
         self.checker: BackChecker | None = None
         self._notifier: Notifier | None = None
         self._housekeeping: asyncio.Task[None] | None = None
-        self._halves: HalfMover | None = None
+        self._halves: HalfCopier | None = None
         self._admin: Admin | None = None
         self.metrics: BrokerMetrics | None = None
         self._http: HttpServer | None = None
@@ -101,6 +100,9 @@ class BrokerServer:
         self.replicator: Replicator | None = None  # slave: the task following the master
         self.failover: Failover | None = None  # --role auto in a group: the role as elected
         self.master_http: str | None = None  # the elected master's HTTP URL, when another's
+        self.role = Role()  # what is served now: a slave refuses writes (role.py)
+        # The opcode -> handler table every front end calls (docs/server.md).
+        self.handlers: dict[int, Handler] = {}
         self.epochs = EpochHistory(config.data_dir / "meta")
         # Set when the broker must restart to apply a tail cut (failover.py); serve() does.
         self.restart = asyncio.Event()
@@ -127,7 +129,7 @@ class BrokerServer:
         )
         # Before retention deletes a segment, open transactions' halves are copied out of it
         # (the mover refuses until the transactions are recovered, so none is lost meanwhile).
-        self.store.retention_hook = self._halves = HalfMover(self.store)
+        self.store.retention_hook = self._halves = HalfCopier(self.store)
         slave = self.replication.replica_of
         elects = cfg.elects
         # A slave's log is its master's: no write of its own, no copies. An electing broker
@@ -168,7 +170,7 @@ class BrokerServer:
         self.consumer = ConsumerService(self.store, self.topics, self.groups, notifier, retry)
         self.tx = TxCoordinator(
             self.store,
-            TxPublishing(producer, self.scheduler, self.topics),
+            producer,
             cfg.data_dir / "meta",
             TxSettings(
                 cfg.tx_timeout_ms, secrets=cfg.tx_secrets, default_secret=cfg.tx_default_secret
@@ -200,23 +202,45 @@ class BrokerServer:
         admin = self._admin = Admin(self.store, self.topics, self.groups)
         deletion = TopicDeletion(self.store, self.topics, self.groups, notifier, self.tx)
         deletion.forget_fences()
-        handlers = build_handlers(
-            admin, self.topics, producer, self.consumer, retry, self.tx, deletion
-        )
-        direct = build_direct_handlers(self.tx, producer)
-        if elects:
-            self.failover = self._failover(handlers, direct, notifier)
-            self.failover.start()
-        else:
-            self.replicas = install_replication(
-                self.replication, self.store, handlers, direct, self.groups.all_offsets
+        # Which requests are served now: all on a master; a slave refuses writes (role.py).
+        role = self.role
+        slaves: ReplicationMaster | None = None  # a broker that may be master serves slaves
+        if slave is not None:
+            role.refuse(
+                WRITES,
+                f"this broker is a slave of {slave}: writes and offset commits go to the master",
             )
+        else:
+            slaves = ReplicationMaster(
+                self.store,
+                self.replication,
+                epochs=self.epochs if elects else None,
+                offsets=self.groups.all_offsets,
+            )
+        handlers = self.handlers = build_handlers(
+            admin,
+            self.topics,
+            producer,
+            self.consumer,
+            retry,
+            self.tx,
+            deletion,
+            slaves.handle if slaves is not None else None,
+        )
+        if elects:
+            assert slaves is not None
+            self.failover = self._failover(slaves, notifier)
+            self.failover.start()
+        elif slaves is not None:
+            self.replicas = slaves.begin()
+            slaves.gate()
         tx = self.tx
         access = self.access = Access(
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
         )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
-        self.receiver = Receiver(tcp_requests(handlers), self.topics)
+        broker = tcp_requests(handlers, self.role)  # the HTTP API's way into the handlers
+        self.receiver = Receiver(broker, self.topics)
         self.receiver.start()
 
         def hello(_: Hello) -> HelloOk:
@@ -231,7 +255,7 @@ class BrokerServer:
                 access=access,
                 hello=hello,
                 connections=self._connections,
-                direct=direct,
+                role=role,
                 admission=admission,
             )
 
@@ -286,7 +310,7 @@ class BrokerServer:
             metrics=self.metrics,
             connections=admission.info,
             extra_routes=extra,
-            handlers=handlers,
+            broker=broker,
             access=access,
             dedup_window_ms=cfg.dedup_window_ms,
             master_http=lambda: self.master_http,
@@ -325,9 +349,7 @@ class BrokerServer:
                     "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
                 )
 
-    def _failover(
-        self, handlers: dict[int, Any], direct: dict[int, Any], notifier: Notifier
-    ) -> Failover:
+    def _failover(self, slaves: ReplicationMaster, notifier: Notifier) -> Failover:
         cfg = self.config
         assert self.store and self.tx and self.checker and self.scheduler and self._halves
         duties = MasterDuties(
@@ -336,11 +358,9 @@ class BrokerServer:
             self.checker,
             self.scheduler,
             self._halves,
-            handlers,
-            direct,
-            self.replication,
+            self.role,
+            slaves,
             self.epochs,
-            self.groups.all_offsets,
         )
         store, topics = self.store, self.topics
         name = replica_name(cfg.data_dir / "meta")

@@ -54,7 +54,7 @@ class ServerConfig:
     check_concurrency: int = 64
     check_rate_per_s: float = 100.0
     check_timeout_ms: int = 3_000
-    # Fairness between services (txbroker/tx/lanes.py): a whole check's deadline, checks in
+    # Fairness between services (txbroker/tx/checklanes.py): a whole check's deadline, checks in
     # flight per endpoint, and the endpoint's circuit breaker (open after this many timeouts or
     # connection failures in a row, for a cool-down doubling from the base to the cap).
     check_deadline_ms: int = 10_000
@@ -105,7 +105,7 @@ class ServerConfig:
     group: str | None = None
     broker_id: str | None = None
     role: str = "auto"
-    # Replication (issue 22 item 4; read together as ReplicationSettings, replication.py):
+    # Replication (read together as ReplicationSettings, replication.py):
     # the master this broker follows as a slave; what a master's writes wait for (sync:
     # min_insync slaves flushed them, at most replication_timeout_ms; async: its own flush).
     replica_of: str | None = None

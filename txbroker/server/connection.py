@@ -1,29 +1,19 @@
 """One client connection: frames in, handler calls, frames out.
 
 The protocol object owns only I/O concerns: the sans-IO decoder, the auth gate, per-connection
-bounds and error frames. What a request does is the broker's (``handlers.py``). A request runs
-as a task of its handler, or, for TX_PREPARE and TX_END, through a *direct* handler called at
-once that answers now or with a future the group commit resolves: no task, coroutine chain or
-shield per request (docs/server.md, "Connections", has what that saved). A malformed
-stream gets one STREAM error frame and the connection is closed; a bad request gets an error
-frame for that request and the connection stays open. Nothing a client sends can take the server
-down: every handler failure is turned into an error frame here.
-
-Connection limits (slots, the HELLO deadline, idle connections, the frame rate) are
-``admission.py``'s; the connection tells it when it is accepted, opened and lost, marks itself
-heard and takes one token per frame as bytes arrive.
-
-Access control is ``access.py``'s: HELLO's token names the connection's principal, and every
-request of a principal that is not admin on every topic is checked before it runs (a refused
-one gets ``FORBIDDEN``; the connection stays open).
+bounds and error frames. Each request is decoded, checked (``access.py``, then the broker's
+``Role``), and handed to its handler, called at once: it returns the response body or a
+:class:`Deferred`, answered when that settles. Any failure becomes an error frame for that
+request; a malformed stream gets one STREAM error frame and the connection is closed.
+Connection limits are ``admission.py``'s; the connection reports its lifecycle and spends one
+token per frame.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -42,26 +32,45 @@ from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_
 from txbroker.runtime.turnwriter import TurnWriter
 from txbroker.server.access import Access
 from txbroker.server.admission import Admission
+from txbroker.server.role import Role
 from txbroker.server.tokens import Principal, TokenTable
 
-__all__ = ["Connection", "Deferred", "DirectHandler", "Handler"]
+__all__ = ["Connection", "Deferred", "Handler", "later", "settle"]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Any], Awaitable[Any]]
-# A direct handler returns the response body, a future of it, a Deferred, or None: "run the
-# opcode's Handler instead" (for the cases that must wait or read before answering).
-DirectHandler = Callable[[Any], Any]
+# A handler takes the decoded request and returns the response body, or a Deferred.
+Handler = Callable[[Any], Any]
+
+_RESULT: Final[Any] = object()  # Deferred.answer: the answer is ``when``'s result
 
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """An answer known now but sent only once ``when`` resolves (a send's group commit), or an
-    error frame if it fails. ``when`` is shared by many requests (``durable_together``): the
-    connection adds one callback per future, not per request, and never cancels it."""
+    """An answer settled later: sent once ``when`` resolves, or an error frame if it fails.
 
-    when: asyncio.Future[None]
-    answer: Any
+    ``answer`` is the body when it is known now (a send's receipt, held until its group commit
+    is durable); by default the body is ``when``'s result. A ``shared`` future (a group commit
+    many requests wait for) is never cancelled here; a request's own (a task, a transaction's
+    answer) is cancelled when its connection is lost: the answer goes, the outcome stays.
+    """
+
+    when: asyncio.Future[Any]
+    answer: Any = _RESULT
+    shared: bool = False
+
+
+def later(coro: Coroutine[Any, Any, Any]) -> Deferred:
+    """The answer of a handler that must wait or read: ``coro`` runs as a task."""
+    return Deferred(asyncio.get_running_loop().create_task(coro))
+
+
+async def settle(answer: Any) -> Any:
+    """The body a handler's answer comes to (for a caller that wraps a handler)."""
+    if type(answer) is not Deferred:
+        return answer
+    body = await (asyncio.shield(answer.when) if answer.shared else answer.when)
+    return body if answer.answer is _RESULT else answer.answer
 
 
 # A client may pipeline this many requests before the server stops reading its socket: bounds
@@ -82,11 +91,11 @@ class Connection(asyncio.Protocol):
         access: Access | None = None,
         hello: Callable[[Hello], Any],
         connections: set[Connection],
-        direct: dict[int, DirectHandler] | None = None,
+        role: Role | None = None,
         admission: Admission | None = None,
     ) -> None:
         self._handlers = handlers
-        self._direct = direct or {}
+        self._role = role or Role()
         self._access = access or Access(TokenTable(), lambda _: None)
         self._hello = hello
         self._connections = connections
@@ -101,10 +110,8 @@ class Connection(asyncio.Protocol):
         self._opened = False  # past HELLO (admission.py's OPEN state)
         self.heard = False  # bytes arrived since the admission's last look
         self.tokens = float("inf")  # frames this connection may still send (admission.py)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._answers: set[asyncio.Future[Any]] = set()  # direct handlers' pending answers
         # Deferred answers by what they wait for, in arrival order; and how many there are.
-        self._deferred: dict[asyncio.Future[None], list[tuple[Frame, Any]]] = {}
+        self._deferred: dict[asyncio.Future[Any], list[tuple[Frame, Deferred]]] = {}
         self._deferred_n = 0
         self._reading_paused = False
         self._writing_paused = False
@@ -130,11 +137,10 @@ class Connection(asyncio.Protocol):
         self._connections.discard(self)
         if self._admission is not None:
             self._admission.lost(self)
-        for t in self._tasks:
-            t.cancel()  # long polls and the like: nobody is there to answer
-        for a in self._answers:
-            a.cancel()  # only the answer: what the request does is settled without it
-        self._deferred.clear()  # shared with other connections: dropped here, never cancelled
+        for when, waiting in self._deferred.items():
+            if not waiting[0][1].shared:
+                when.cancel()  # long polls and the like: nobody is there to answer
+        self._deferred.clear()  # a shared one is other connections' too: dropped, not cancelled
         self._deferred_n = 0
 
     def pause_writing(self) -> None:
@@ -186,41 +192,22 @@ class Connection(asyncio.Protocol):
             # refuses them and the connection closes).
             self._reply_error(frame, BadRequest(f"opcode {frame.opcode} is not served"))
             return
-        req = None
-        if self._checked:
-            try:
-                req = decode_request(frame.opcode, frame.body)
-                self._access.check(who, frame.opcode, req)
-            except Exception as e:  # Forbidden, BadRequest: this request only
-                self._reply_failure(frame, e)
-                return
-            if self._access.filters(frame.opcode):
-                handler = functools.partial(_filtered, handler, self._access, who, frame.opcode)
-        direct = self._direct.get(frame.opcode)
-        if direct is not None:
-            try:
-                if req is None:
-                    req = decode_request(frame.opcode, frame.body)
-                answer = direct(req)
-            except Exception as e:
-                self._reply_failure(frame, e)
-                return
-            if type(answer) is Deferred:
-                self._defer(frame, answer)
-                return
-            if isinstance(answer, asyncio.Future):
-                self._answers.add(answer)
-                answer.add_done_callback(functools.partial(self._answered, frame))
-                self._update_reading()
-                return
-            if answer is not None:
-                self._answer(frame, answer)
-                return
-        assert self._loop is not None  # connected
-        task = self._loop.create_task(self._run(handler, frame, req))
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        self._update_reading()
+        try:
+            req = decode_request(frame.opcode, frame.body)
+            if self._checked:
+                self._access.check(who, frame.opcode, req)  # Forbidden: this request only
+            if frame.opcode in self._role.refused:
+                self._role.check(frame.opcode)
+            answer = handler(req)
+            if self._checked and self._access.filters(frame.opcode):
+                answer = _filtered(answer, self._access, who, frame.opcode)
+        except Exception as e:
+            self._reply_failure(frame, e)
+            return
+        if type(answer) is Deferred:
+            self._defer(frame, answer)
+        else:
+            self._answer(frame, answer)
 
     def _on_hello(self, frame: Frame) -> None:
         try:
@@ -249,56 +236,37 @@ class Connection(asyncio.Protocol):
             self._admission.count("unauthenticated")
         self._fatal(Unauthenticated(why))
 
-    async def _run(self, handler: Handler, frame: Frame, req: Any) -> None:
-        try:
-            if req is None:
-                req = decode_request(frame.opcode, frame.body)
-            result = await handler(req)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._reply_failure(frame, e)
-        else:
-            self._answer(frame, result)
-
-    def _answered(self, frame: Frame, answer: asyncio.Future[Any]) -> None:
-        self._answers.discard(answer)
-        if not answer.cancelled():
-            if (e := answer.exception()) is not None:
-                self._reply_failure(frame, e)
-            else:
-                self._answer(frame, answer.result())
-        self._update_reading()
-
     def _defer(self, frame: Frame, d: Deferred) -> None:
         waiting = self._deferred.get(d.when)
         if waiting is None:
             waiting = self._deferred[d.when] = []
             d.when.add_done_callback(self._release)
-        waiting.append((frame, d.answer))
+        waiting.append((frame, d))
         self._deferred_n += 1
         if self._deferred_n >= MAX_INFLIGHT_PER_CONNECTION:
             self._update_reading()
 
-    def _release(self, when: asyncio.Future[None]) -> None:
+    def _release(self, when: asyncio.Future[Any]) -> None:
         """``when`` resolved: send the answers that waited for it (or its error for each)."""
         waiting = self._deferred.pop(when, None)
         if waiting is None:  # the connection was lost meanwhile
+            if not when.cancelled():
+                when.exception()  # nobody answers it now: not "never retrieved" either
             return
         self._deferred_n -= len(waiting)
-        if when.cancelled():  # nobody cancels it; if someone did, say so, never answer "ok"
+        if when.cancelled():
+            if not waiting[0][1].shared:  # its own: cancelled with the broker's stop
+                self._update_reading()
+                return
+            # Nobody cancels a shared one; if someone did, say so, never answer "ok".
             e: BaseException | None = Internal("the wait for the group commit was cancelled")
         else:
             e = when.exception()
-        for frame, answer in waiting:
-            if e is None:
-                self._answer(frame, answer)
-            else:
+        for frame, d in waiting:
+            if e is not None:
                 self._reply_failure(frame, e)
-        self._update_reading()
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+            else:
+                self._answer(frame, when.result() if d.answer is _RESULT else d.answer)
         self._update_reading()
 
     # --- output ---
@@ -371,7 +339,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def inflight(self) -> int:
-        return len(self._tasks) + len(self._answers) + self._deferred_n
+        return self._deferred_n
 
     def _update_reading(self) -> None:
         if self.closing or self._transport is None or self._transport.is_closing():
@@ -392,11 +360,17 @@ class Connection(asyncio.Protocol):
 
     async def drain_requests(self) -> None:
         """Wait for this connection's in-flight requests (graceful shutdown)."""
-        pending: set[asyncio.Future[Any]] = {*self._tasks, *self._answers, *self._deferred}
+        pending = set(self._deferred)
         if pending:
             await asyncio.wait(pending)
 
 
-async def _filtered(handler: Handler, access: Access, who: Principal, opcode: int, req: Any) -> Any:
-    """A listing's handler, its answer cut to what ``who`` may see."""
-    return access.filter(who, opcode, await handler(req))
+def _filtered(answer: Any, access: Access, who: Principal, opcode: int) -> Any:
+    """A listing's answer cut to what ``who`` may see."""
+    if type(answer) is Deferred:
+        return later(_filtered_later(answer, access, who, opcode))
+    return access.filter(who, opcode, answer)
+
+
+async def _filtered_later(answer: Deferred, access: Access, who: Principal, opcode: int) -> Any:
+    return access.filter(who, opcode, await settle(answer))

@@ -1,17 +1,11 @@
 """Delayed delivery at an arbitrary time, with bounded memory and exactly-once hand-over.
 
-A delayed message is stored in the internal ``%SCHEDULE`` topic, in the queue of a *delay
-level*: the largest level not longer than its remaining delay. Every message in a level's queue
-waits the same time after being stored, so due times rise along the queue and one cursor per
-level is all the state there is, however many messages wait (RocketMQ's schedule-topic idea,
-extended here with a cascade for arbitrary times). When a level's head is due, the scheduler
-either delivers it (its time has come) or moves it to the level that fits what remains. Each
-move takes O(1) and a message makes O(log(delay)) moves, landing within one smallest level
-(100 ms) of its time.
-
-Exactly once: every move carries a deterministic internal key ``<level>:<offset>`` of the copy
-it came from, indexed by the store. After a crash the scheduler resumes from its last saved
-cursor; a copy already moved is found by its key and not moved again.
+A delayed message waits in the internal ``%SCHEDULE`` topic, in the queue of a *delay level*,
+so due times rise along each queue and one cursor per level is all the state there is
+(RocketMQ's schedule-topic idea, with a cascade for arbitrary times). Exactly once: every move
+carries a deterministic internal key ``<level>:<offset>`` of the copy it came from, so after a
+crash a copy already moved is found by its key and not moved again. :class:`DelayScheduler`
+says how a message moves between levels.
 """
 
 from __future__ import annotations
@@ -71,6 +65,16 @@ def _now_ms() -> int:
 
 
 class DelayScheduler:
+    """Moves delayed messages through the delay levels and delivers them when due.
+
+    A message goes to the largest level not longer than its remaining delay. Every message in a
+    level's queue waits the same time after being stored, so due times rise along the queue. When
+    a level's head is due, the scheduler either delivers it (its time has come) or moves it to the
+    level that fits what remains. Each move takes O(1) and a message makes O(log(delay)) moves,
+    landing within one smallest level (100 ms) of its time. After a crash the scheduler resumes
+    from its last saved cursor.
+    """
+
     def __init__(
         self,
         store: MessageStore,

@@ -1,38 +1,35 @@
 """Deleting a topic: everything it held becomes unreachable at once, and stays so after a crash.
 
-The steps, in this order:
-
-1. The store says what the deletion's fence is (the end of the log, where each queue ended).
-2. The topic registry is written without the topic and with the fence, in one atomic write.
-   That write *is* the deletion: a crash before it leaves the topic whole, a crash after it
-   (kill -9 right after the answer included) leaves it deleted, because the store opens with
-   the fences and no queue, index lookup or recovery gives a dead record back.
-3. The store applies the fence in memory and removes the topic's consume-queue files.
-4. Consumer groups forget their offsets in the topic, and its members must join again.
-5. Long polls waiting on it answer now.
-6. Open transactions of the topic are rolled back (``txbroker.tx.deleted``), durably.
-7. The groups' offsets file is written, so no old offset comes back either.
-
-Steps 1 to 5 run without yielding the event loop, so no request sees a half-deleted topic.
-The fence also kills every copy of the topic's messages in the broker's internal topics:
-delayed messages, retries and dead letters (see ``txbroker.store.fences``). The commit log's
-bytes are reclaimed by retention, with the segments that hold them.
+The store names the fence (where each queue ended); the registry is written without the topic
+and with the fence in one atomic write, which *is* the deletion (the store opens with the
+fences, so nothing dead comes back after a crash); the store drops the topic's queue files;
+groups forget their offsets; held pulls answer; open transactions are rolled back durably (a
+half message dies with its topic, so it could never commit); the offsets file is written. Up
+to the rollbacks nothing yields the event loop, so no request sees a half-deleted topic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Final
 
+from txbroker.errors import StoreFailed, TxbError
+from txbroker.protocol.messages import TxEndResponse
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.longpoll import Notifier
 from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import MessageStore
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.deleted import roll_back_topic
+from txbroker.tx.state import Decision, Resolver
 
 __all__ = ["TopicDeletion"]
 
 log = logging.getLogger(__name__)
+
+# Why a deleted topic's transactions were rolled back: a later END_TX commit is refused
+# naming it, rather than landing a message in a topic created again under the name.
+_REASON: Final = "topic deleted"
 
 
 class TopicDeletion:
@@ -60,7 +57,7 @@ class TopicDeletion:
         if self._notifier is not None:
             for q in set(range(topic.queues)) | set(fence.ends):
                 self._notifier.notify(name, q)
-        rolled_back = await roll_back_topic(self._tx, name) if self._tx is not None else 0
+        rolled_back = await _roll_back_topic(self._tx, name) if self._tx is not None else 0
         await self._groups.snapshot.save_async()
         self.forget_fences()
         log.info(
@@ -81,3 +78,35 @@ class TopicDeletion:
             self._topics.forget_fences(names)
             for n in names:
                 self._store.fences.discard(n)
+
+
+async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
+    """Roll back every open (prepared or parked) transaction of ``topic``; return how many.
+    Returns once the rollbacks are durable. Those ended otherwise meanwhile stay as they
+    ended. If the store fails, the halves stay dead all the same (a restart does not reopen
+    them); the failure is logged."""
+    done = 0
+    waits: list[asyncio.Future[TxEndResponse]] = []
+    why = _REASON
+    for tx in coord.list(None, topic):
+        try:
+            answer = coord.end_nowait(tx.tx_id, Decision.ROLLBACK, Resolver.OPERATOR, why)
+        except TxbError:
+            continue  # ended meanwhile (a commit that won): nothing to roll back
+        if answer is None:  # being written, or its half not in memory: the slow path waits
+            coro = coord.end(tx.tx_id, Decision.ROLLBACK, Resolver.OPERATOR, why)
+            waits.append(asyncio.ensure_future(coro))
+        elif isinstance(answer, asyncio.Future):
+            waits.append(answer)
+        else:
+            done += 1
+    for r in await asyncio.gather(*waits, return_exceptions=True):
+        if isinstance(r, StoreFailed):
+            log.error("topic %s deleted, but rolling back its transaction failed: %s", topic, r)
+        elif isinstance(r, TxbError):
+            continue  # ended otherwise meanwhile
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            done += 1
+    return done

@@ -1,35 +1,12 @@
-"""Failover (issue 22, item 5): a ``--role auto`` broker moves between slave and master.
+"""Failover: a ``--role auto`` broker moves between slave and master as its group elects.
 
-Every broker of a group starts as a slave, writes refused. Membership (membership.py) keeps it
-registered, campaigns for the group's election key when it is the best candidate (the most
-recent epoch history, then the highest flushed offset: a dead master's acknowledged writes are
-on the slave that flushed the most), and tells this module what happens:
-
-- ``follow(master)``: another broker leads; replicate from it (replicator.py). A master that
-  answers "your log runs past your last epoch here" makes this broker cut its divergent tail:
-  the bytes are kept aside in ``<data>/divergent/`` for inspection (they may hold writes an
-  async master acknowledged), the cut is recorded (``TailCut``) and the broker restarts so that
-  recovery drops the tail from the log, its queues and its index, then follows again.
-- ``promote(epoch)``: this broker won. It stops replicating, begins its epoch at the end of its
-  log (epochs.py), rebuilds the open transactions from the log, and takes on the master's
-  duties: writes, REPL_FETCH for its slaves (with sync replication, their acknowledgement
-  gate), the back-check scheduler, delayed delivery, retention's half-message copies.
-- ``step_down()``: leadership lost (the lease could not be kept, the key went). Writes are
-  refused at once, before anything else; the duties stop in the background.
-
-Nothing is truncated on promotion: the new master's log is the group's history. Everything
-it holds was flushed on the old master first, and with sync replication every acknowledged
-write is on it (a write is answered only once a slave reported it flushed). Cutting back to
-the last acknowledged offset the slave had heard of would lose writes acknowledged after its
-last report (Kafka's KIP-101 lesson); what is kept beyond it was never acknowledged, and a
-producer's resend of it is deduplicated by its idempotency key.
-
-States (one guarded transition function, ``Failover._move``)::
-
-    WAITING ◀──────────▶ FOLLOWING ──diverged──▶ RESTARTING
-       │ ▲                   │
-       │ └──step_down()──┐   │ promote()
-       └──promote()──▶ PROMOTING ──▶ MASTER
+Membership (membership.py) campaigns and tells this module: ``follow(master)`` (replicate it;
+a log that runs past the master's history is cut at a restart, its tail kept in
+``<data>/divergent/``), ``promote(epoch)`` (begin the epoch at the end of the log, rebuild the
+transactions, take the master's duties) or ``step_down()`` (refuse writes at once, stop the
+duties after). Nothing is truncated on promotion: what the new master holds was flushed on
+the old one first. The states and their moves are ``_TRANSITIONS``, taken by one guarded
+function (``Failover._move``).
 """
 
 from __future__ import annotations
@@ -45,29 +22,21 @@ from typing import Any, Final
 from txbroker.cluster.routes import BrokerInfo
 from txbroker.errors import NotMaster, ReplicationTimeout
 from txbroker.protocol.frames import Opcode
-from txbroker.server.connection import DirectHandler, Handler
 from txbroker.server.delay import DelayScheduler
-from txbroker.server.epochs import EpochHistory
-from txbroker.server.replication import (
-    GROUP_MEMBERSHIP,
-    WRITES,
-    ReplicationSettings,
-    ReplicaTracker,
-    fetch_handler,
-)
-from txbroker.server.replicator import Replicator
+from txbroker.server.replication.epochs import EpochHistory
+from txbroker.server.replication.master import ReplicationMaster
+from txbroker.server.replication.slave import Replicator
+from txbroker.server.role import MASTER_ONLY, Role
 from txbroker.store import MessageStore
 from txbroker.tx.checker import BackChecker
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.reput import HalfMover
+from txbroker.tx.halfcopy import HalfCopier
 
 __all__ = ["DIVERGENT_DIR", "Failover", "FailoverState", "MasterDuties"]
 
 log = logging.getLogger(__name__)
 
 DIVERGENT_DIR: Final = "divergent"
-# Served by the group's master only: writes, its slaves' fetches, and consumer groups.
-_MASTER_ONLY: Final = (*WRITES, *GROUP_MEMBERSHIP, Opcode.REPL_FETCH)
 _COPY_BYTES: Final = 4 << 20
 
 
@@ -79,6 +48,10 @@ class FailoverState(enum.Enum):
     RESTARTING = "restarting"  # its log diverged: the tail is cut at the restart
 
 
+#     WAITING ◀──────────▶ FOLLOWING ──diverged──▶ RESTARTING
+#        │ ▲                   │
+#        │ └──step_down()──┐   │ promote()
+#        └──promote()──▶ PROMOTING ──▶ MASTER
 _TRANSITIONS: Final = {
     FailoverState.WAITING: frozenset({FailoverState.FOLLOWING, FailoverState.PROMOTING}),
     FailoverState.FOLLOWING: frozenset(
@@ -100,57 +73,40 @@ class MasterDuties:
         tx: TxCoordinator,
         checker: BackChecker,
         scheduler: DelayScheduler,
-        halves: HalfMover,
-        handlers: dict[int, Handler],
-        direct: dict[int, DirectHandler],
-        replication: ReplicationSettings,
+        halves: HalfCopier,
+        role: Role,
+        slaves: ReplicationMaster,
         epochs: EpochHistory,
-        offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
     ) -> None:
         self.store = store
         self._tx = tx
         self._checker = checker
         self._scheduler = scheduler
         self._halves = halves
-        self._handlers = handlers
-        self._direct = direct
-        self._replication = replication
+        self._role = role
+        self.slaves = slaves
         self.epochs = epochs
-        self._offsets = offsets
-        # The master's handlers, put back on promotion (the connections share these dicts).
-        self._writes: dict[int, Handler] = {
-            op: handlers[op] for op in _MASTER_ONLY if op in handlers
-        }
-        self._direct_writes: dict[int, DirectHandler] = {
-            op: direct[op] for op in WRITES if op in direct
-        }
-        self.replicas: ReplicaTracker | None = None
         self.active = False
 
     def refuse(self, why: str, master: str | None = None) -> None:
         """Refuse every write (and REPL_FETCH) now, naming ``why`` (and ``master``, the one to
         ask, when known); synchronous. Writes still waiting for their slaves are answered now:
         their outcome is unknown."""
+        where = f"its master is {master}" if master else "ask the NameServer for the master"
+        self._role.refuse(
+            MASTER_ONLY, f"this broker is not its group's master now ({why}): {where}"
+        )
         self.store.follow(master or "the master its group elects")
         self.store.replication_gate = None
         self.store.retention_hook = None
-        if self.replicas is not None:
-            self.replicas.fail_waiting(
+        tracker = self.slaves.tracker
+        if tracker is not None:
+            tracker.fail_waiting(
                 ReplicationTimeout(
                     f"this broker stopped being master ({why}) before enough slaves had the "
                     "write: it may still be delivered; resend only with an idempotency key"
                 )
             )
-
-        where = f"its master is {master}" if master else "ask the NameServer for the master"
-        refusal = f"this broker is not its group's master now ({why}): {where}"
-
-        async def refuse(_: object) -> None:
-            raise NotMaster(refusal)
-
-        for op in _MASTER_ONLY:
-            self._handlers[op] = refuse
-            self._direct.pop(op, None)
 
     async def take(
         self,
@@ -177,20 +133,13 @@ class MasterDuties:
 
         store.unfollow(fence)
         store.retention_hook = self._halves
-        tracker = self.replicas = ReplicaTracker(
-            store,
-            self._replication.min_insync,
-            self._replication.timeout_ms / 1000,
-            # What the last master said its slaves held: readable at once. The rest of the log
-            # may be on this broker alone; a consumer acting on it before a slave holds it
-            # could act on a record the next failover takes back.
-            covered=min(covered, store.write_offset),
-        )
+        # What the last master said its slaves held: readable at once. The rest of the log
+        # may be on this broker alone; a consumer acting on it before a slave holds it could
+        # act on a record the next failover takes back.
+        self.slaves.begin(covered=min(covered, store.write_offset))
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
-        self._handlers[Opcode.REPL_FETCH] = fetch_handler(
-            store, tracker, self.epochs, self._offsets
-        )
+        self._role.serve(frozenset({Opcode.REPL_FETCH}))
         started = time.monotonic()
         await self._tx.recover(from_start=True)
         self._halves.start(self._tx)
@@ -199,10 +148,8 @@ class MasterDuties:
         self._scheduler.start()
         if not is_leader():  # lost while taking over: the caller unwinds (no await from here)
             raise NotMaster("the term ended while this broker was taking over")
-        if self._replication.mode == "sync":
-            store.replication_gate = tracker
-        self._handlers.update(self._writes)
-        self._direct.update(self._direct_writes)
+        self.slaves.gate()
+        self._role.serve_all()
         self.active = True
         log.warning(
             "master duties taken in %.2f s: epoch %d from log offset %d, %d open transactions",
@@ -216,7 +163,6 @@ class MasterDuties:
         """Stop the duties' tasks (writes were refused already, :meth:`refuse`); also those
         of a take-over that did not finish."""
         self.active = False
-        self.replicas = None
         await self._checker.stop()
         await self._scheduler.stop()
 
@@ -343,7 +289,7 @@ class Failover:
 def save_divergent(store: MessageStore, cut_at: int, folder: Path) -> Path:
     """Copy the log's bytes from ``cut_at`` to its end into a folder of ``folder``: one file
     per read, named by the log offset it starts at (whole records as the log holds them, a
-    segment's end marker last: ``txbroker.store.replica.parse_records`` reads each back)."""
+    segment's end marker last: ``txbroker.store.replication.parse_records`` reads each back)."""
     kept = folder / f"{cut_at:020d}-{time.strftime('%Y%m%dT%H%M%S')}"
     kept.mkdir(parents=True, exist_ok=True)
     end = store.write_offset

@@ -1,15 +1,11 @@
 """Consumer groups: membership by heartbeat, queue assignment, generations, committed offsets.
 
-Clustering mode: each queue of a topic belongs to one member at a time. Queues are assigned by
-average allocation over the members sorted by id (RocketMQ's AllocateMessageQueueAveragely):
-with q queues and m members, member i gets a contiguous run of q//m queues, the first q%m
-members one more. Every change of membership bumps the group's generation; a member holding an
-older generation cannot commit offsets (its queues may already be someone else's).
-
-Broadcast mode: every member gets every queue and keeps its own offsets (the group name is
-qualified by the member id), so each member sees every message.
-
-Committed offsets persist in ``meta/offsets.json`` (atomic write, on change, coalesced).
+Clustering mode: each queue of a topic belongs to one member at a time, assigned by average
+allocation (:func:`allocate_average`). Every change of membership bumps the group's generation;
+a member holding an older generation cannot commit offsets (its queues may already be someone
+else's). Broadcast mode: every member gets every queue and keeps its own offsets (the group name
+is qualified by the member id), so each member sees every message. Committed offsets persist in
+``meta/offsets.json`` (atomic write, on change, coalesced).
 """
 
 from __future__ import annotations
@@ -40,7 +36,10 @@ class ConsumeMode(enum.StrEnum):
 
 
 def allocate_average(queues: int, members: list[str], member: str) -> list[int]:
-    """Queues of ``member`` under average allocation over sorted ``members``."""
+    """Queues of ``member`` under average allocation over sorted ``members``.
+
+    RocketMQ's AllocateMessageQueueAveragely: with q queues and m members, member i gets a
+    contiguous run of q//m queues, the first q%m members one more."""
     ordered = sorted(members)
     if member not in ordered:
         return []

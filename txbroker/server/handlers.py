@@ -1,26 +1,29 @@
-"""What each request does: thin functions from a decoded request to a response body."""
+"""What each request does: the opcode → handler table, one per broker.
+
+A handler takes the decoded request and returns the response body, or a ``Deferred`` that
+settles later (``connection.py``): SEND answers with its receipt held until the group commit is
+durable, a transaction with the coordinator's future, anything that must wait or read with
+``later(coroutine)``. Whether a request is served now is the broker's ``Role``, not this table's.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from txbroker.errors import InvalidArgument
 from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
 from txbroker.protocol.messages import (
     AckRequest,
-    DlqListResponse,
-    DlqRedriveResponse,
     DlqRequest,
     Empty,
     GroupsRequest,
     GroupsResponse,
     HeartbeatRequest,
-    HeartbeatResponse,
     LeaveRequest,
     NackRequest,
-    NackResponse,
     PullRequest,
-    PullResponse,
     SendBatchRequest,
     SendBatchResponse,
     SendReceipt,
@@ -35,12 +38,11 @@ from txbroker.protocol.messages import (
     TxListRequest,
     TxListResponse,
     TxPrepareRequest,
-    TxPrepareResponse,
     TxResolveRequest,
 )
 from txbroker.runtime.tracing import tracing_on
 from txbroker.server.admin import Admin
-from txbroker.server.connection import Deferred, DirectHandler, Handler
+from txbroker.server.connection import Deferred, Handler, later
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.deletion import TopicDeletion
 from txbroker.server.producer import Producer
@@ -50,7 +52,7 @@ from txbroker.tx import spans
 from txbroker.tx.coordinator import TxCoordinator, tx_info
 from txbroker.tx.state import Decision, Resolver, TxState
 
-__all__ = ["build_direct_handlers", "build_handlers"]
+__all__ = ["build_handlers"]
 
 
 def build_handlers(
@@ -61,75 +63,74 @@ def build_handlers(
     retry: RetryService,
     tx: TxCoordinator,
     deletion: TopicDeletion,
+    repl_fetch: Handler | None = None,
 ) -> dict[int, Handler]:
-    async def ping(_: Any) -> Empty:
+    """The broker's handlers; ``repl_fetch`` (a broker that may be a master) serves its
+    slaves' REPL_FETCH."""
+
+    def ping(_: Any) -> Empty:
         return Empty()
 
-    async def topic_create(req: TopicCreate) -> TopicInfo:
+    def topic_create(req: TopicCreate) -> TopicInfo:
         return admin.topic_info(topics.create(req.topic, req.queues))
 
-    async def topic_delete(req: TopicName) -> Empty:
-        await deletion.delete(req.topic)
-        return Empty()
+    def topic_delete(req: TopicName) -> Deferred:
+        return later(_empty(deletion.delete(req.topic)))
 
-    async def topic_list(_: Any) -> list[TopicInfo]:
+    def topic_list(_: Any) -> list[TopicInfo]:
         return [admin.topic_info(t) for t in topics.list()]
 
-    async def topic_describe(req: TopicName) -> TopicInfo:
+    def topic_describe(req: TopicName) -> TopicInfo:
         return admin.topic_info(topics.get(req.topic))
 
-    async def send(req: SendRequest) -> SendReceipt:
-        return await producer.send(req)
+    def send(req: SendRequest) -> SendReceipt | Deferred:
+        if req.idempotency_key is not None:
+            return later(_first(producer.publish_deduplicated((req,))))
+        receipts, durable = producer.publish((req,))
+        return receipts[0] if durable is None else Deferred(durable, receipts[0], shared=True)
 
-    async def send_batch(req: SendBatchRequest) -> SendBatchResponse:
+    def send_batch(req: SendBatchRequest) -> SendBatchResponse | Deferred:
         if not 1 <= len(req.messages) <= MAX_BATCH_MESSAGES:
             raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
-        return SendBatchResponse(await producer.send_batch(req.messages))
+        if any(r.idempotency_key is not None for r in req.messages):
+            return later(_batch(producer.publish_deduplicated(req.messages)))
+        receipts, durable = producer.publish(req.messages)
+        answer = SendBatchResponse(receipts)
+        return answer if durable is None else Deferred(durable, answer, shared=True)
 
-    async def heartbeat(req: HeartbeatRequest) -> HeartbeatResponse:
-        return await consumer.heartbeat(req)
+    def heartbeat(req: HeartbeatRequest) -> Deferred:
+        return later(consumer.heartbeat(req))
 
-    async def pull(req: PullRequest) -> PullResponse:
-        return await consumer.pull(req)
+    def pull(req: PullRequest) -> Deferred:
+        return later(consumer.pull(req))
 
-    async def ack(req: AckRequest) -> Empty:
-        await consumer.ack(req)
-        return Empty()
+    def ack(req: AckRequest) -> Deferred:
+        return later(_empty(consumer.ack(req)))
 
-    async def nack(req: NackRequest) -> NackResponse:
-        return await retry.nack(req)
+    def nack(req: NackRequest) -> Deferred:
+        return later(retry.nack(req))
 
-    async def dlq_list(req: DlqRequest) -> DlqListResponse:
-        return await retry.list_dlq(req.group, req.max_messages)
+    def dlq_list(req: DlqRequest) -> Deferred:
+        return later(retry.list_dlq(req.group, req.max_messages))
 
-    async def dlq_redrive(req: DlqRequest) -> DlqRedriveResponse:
-        return await retry.redrive(req.group, req.max_messages)
+    def dlq_redrive(req: DlqRequest) -> Deferred:
+        return later(retry.redrive(req.group, req.max_messages))
 
-    async def offsets(req: GroupsRequest) -> GroupsResponse:
+    def offsets(req: GroupsRequest) -> GroupsResponse:
         return GroupsResponse(admin.groups(req.group or None, req.topic or None))
 
-    async def leave(req: LeaveRequest) -> Empty:
-        await consumer.leave(req)
-        return Empty()
+    def leave(req: LeaveRequest) -> Deferred:
+        return later(_empty(consumer.leave(req)))
 
-    async def tx_prepare(req: TxPrepareRequest) -> TxPrepareResponse:
-        return await tx.prepare(req)
+    # PREPARE and END_TX answer at once when they can (``*_nowait``: the answer, or a future
+    # the group commit resolves) and only as a task when they must wait or read first.
+    def end_nowait(req: TxEndRequest) -> Any:
+        return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
-    async def tx_end(req: TxEndRequest) -> TxEndResponse:
+    async def end(req: TxEndRequest) -> TxEndResponse:
         return await tx.end(req.tx_id, _decision(req), Resolver.PRODUCER)
 
-    async def tx_list(req: TxListRequest) -> TxListResponse:
-        if req.state not in (None, "", "prepared", "parked"):
-            raise InvalidArgument("state must be prepared or parked")
-        state = TxState(req.state) if req.state else None
-        found = tx.list(state, req.topic)
-        limit = max(1, min(req.limit, 10_000))
-        return TxListResponse([tx_info(t) for t in found[:limit]], len(found))
-
-    async def tx_show(req: TxId) -> TxInfo:
-        return tx_info(tx.get(req.tx_id))
-
-    async def tx_resolve(req: TxResolveRequest) -> TxEndResponse:
+    async def resolve(req: TxResolveRequest) -> TxEndResponse:
         if req.action == "resume":
             return await tx.resume(req.tx_id)
         try:
@@ -137,6 +138,41 @@ def build_handlers(
         except ValueError as e:
             raise InvalidArgument("action must be commit, rollback or resume") from e
         return await tx.end(req.tx_id, decision, Resolver.OPERATOR, "resolved by an operator")
+
+    now: dict[int, Any] = {Opcode.TX_PREPARE: tx.prepare_nowait, Opcode.TX_END: end_nowait}
+    slow: dict[int, Any] = {
+        Opcode.TX_PREPARE: tx.prepare,
+        Opcode.TX_END: end,
+        Opcode.TX_RESOLVE: resolve,
+    }
+    if tracing_on():  # asked once, at start: with tracing off the handlers are untouched
+        spans.trace_handlers(now, tx, direct=True)
+        spans.trace_handlers(slow, tx)
+    prepare_now, prepare_slow = now[Opcode.TX_PREPARE], slow[Opcode.TX_PREPARE]
+    end_now, end_slow = now[Opcode.TX_END], slow[Opcode.TX_END]
+    resolve_slow = slow[Opcode.TX_RESOLVE]
+
+    def tx_prepare(req: TxPrepareRequest) -> Any:
+        answer = prepare_now(req)
+        return later(prepare_slow(req)) if answer is None else _settled(answer)
+
+    def tx_end(req: TxEndRequest) -> Any:
+        answer = end_now(req)
+        return later(end_slow(req)) if answer is None else _settled(answer)
+
+    def tx_resolve(req: TxResolveRequest) -> Deferred:
+        return later(resolve_slow(req))
+
+    def tx_list(req: TxListRequest) -> TxListResponse:
+        if req.state not in (None, "", "prepared", "parked"):
+            raise InvalidArgument("state must be prepared or parked")
+        state = TxState(req.state) if req.state else None
+        found = tx.list(state, req.topic)
+        limit = max(1, min(req.limit, 10_000))
+        return TxListResponse([tx_info(t) for t in found[:limit]], len(found))
+
+    def tx_show(req: TxId) -> TxInfo:
+        return tx_info(tx.get(req.tx_id))
 
     handlers: dict[int, Handler] = {
         Opcode.TX_PREPARE: tx_prepare,
@@ -160,42 +196,27 @@ def build_handlers(
         Opcode.SEND: send,
         Opcode.SEND_BATCH: send_batch,
     }
-    if tracing_on():  # asked once, at start: with tracing off the handlers are untouched
-        spans.trace_handlers(handlers, tx)
+    if repl_fetch is not None:
+        handlers[Opcode.REPL_FETCH] = repl_fetch
     return handlers
 
 
-def build_direct_handlers(tx: TxCoordinator, producer: Producer) -> dict[int, DirectHandler]:
-    """The task-free fronts of the hot requests (see ``connection.py``): single sends and the
-    transactional ones; each returns None where the handler above must answer."""
+def _settled(answer: Any) -> Any:
+    """The coordinator's answer (the body, or a future of it) as a handler's."""
+    return Deferred(answer) if isinstance(answer, asyncio.Future) else answer
 
-    def send(req: SendRequest) -> object:
-        if req.idempotency_key is not None:
-            return None  # deduplication reads the key index: the task handler's
-        receipt, durable = producer.send_nowait(req)
-        return receipt if durable is None else Deferred(durable, receipt)
 
-    def tx_end(req: TxEndRequest) -> object:
-        return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
+async def _empty(done: Awaitable[object]) -> Empty:
+    await done
+    return Empty()
 
-    def send_batch(req: SendBatchRequest) -> object:
-        if not 1 <= len(req.messages) <= MAX_BATCH_MESSAGES:
-            raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
-        if any(r.idempotency_key is not None for r in req.messages):
-            return None
-        receipts, durable = producer.send_batch_nowait(req.messages)
-        answer = SendBatchResponse(receipts)
-        return answer if durable is None else Deferred(durable, answer)
 
-    direct: dict[int, DirectHandler] = {
-        Opcode.SEND: send,
-        Opcode.SEND_BATCH: send_batch,
-        Opcode.TX_PREPARE: tx.prepare_nowait,
-        Opcode.TX_END: tx_end,
-    }
-    if tracing_on():
-        spans.trace_handlers(direct, tx, direct=True)
-    return direct
+async def _first(receipts: Awaitable[list[SendReceipt]]) -> SendReceipt:
+    return (await receipts)[0]
+
+
+async def _batch(receipts: Awaitable[list[SendReceipt]]) -> SendBatchResponse:
+    return SendBatchResponse(await receipts)
 
 
 def _decision(req: TxEndRequest) -> Decision:

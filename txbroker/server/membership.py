@@ -1,18 +1,10 @@
-"""A broker's membership of its group (issue 22, item 2): registered in etcd while it runs, and
-its role, master or slave.
+"""A broker's membership of its group: registered in etcd while it runs, and its role, master or
+slave.
 
 With ``--coordinator`` the broker keeps ``/txb/brokers/<group>/<id>`` under a registration
-lease (``txbroker/cluster/registration.py``): its addresses, its role and its flushed offset,
-updated every ``UPDATE_INTERVAL_S``. NameServers read it to tell clients where each group's
-master is. The role is ``--role master`` or ``slave`` as given, or with ``auto`` decided by an
-election on ``/txb/groups/<group>/master`` (``txbroker/cluster/election.py``): a slave while
-campaigning, master once elected, a slave again (campaigning again) if it steps down.
-
-With ``auto`` the broker's role follows the election (failover.py): Membership watches the
-election key and reports the group's master (``on_master``), campaigns only while it is the
-best candidate (:meth:`Membership.eligible`: the most recent epoch history, then the highest
-flushed offset, then the lowest id), awaits ``on_elected(epoch, is_leader)`` before it says it
-is master, and calls ``on_step_down()`` synchronously the moment leadership is lost.
+lease (its addresses, role and flushed offset), which NameServers read to tell clients where
+each group's master is. The role is ``--role master`` or ``slave`` as given, or with ``auto``
+follows an election on ``/txb/groups/<group>/master`` (:class:`Membership` says how).
 """
 
 from __future__ import annotations
@@ -83,6 +75,15 @@ class Membership:
         await m.start()  # registered (raises if etcd cannot be reached)
         m.role  # Role.MASTER or Role.SLAVE
         await m.stop()  # the key goes now; an elected master resigns
+
+    The registration (``txbroker/cluster/registration.py``) is updated every
+    ``UPDATE_INTERVAL_S``. With ``auto`` the role follows the election
+    (``txbroker/cluster/election.py``, failover.py): a slave while campaigning, master once
+    elected, a slave again (campaigning again) if it steps down. Membership watches the election
+    key and reports the group's master (``on_master``), campaigns only while it is the best
+    candidate (:meth:`eligible`: the most recent epoch history, then the highest flushed offset,
+    then the lowest id), awaits ``on_elected(epoch, is_leader)`` before it says it is master, and
+    calls ``on_step_down()`` synchronously the moment leadership is lost.
     """
 
     def __init__(

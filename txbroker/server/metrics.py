@@ -1,17 +1,11 @@
 """The broker's metrics, through OpenTelemetry, exported for Prometheus at ``/metrics``.
 
 Almost every instrument is *observable*: its callback reads counters the broker keeps anyway
-(end offsets, committed offsets, the coordinator's counters, the checker's outcomes) when a
-scrape collects, so the produce and consume paths do no metric work at all. The two histograms
-are fed off the hot path too: fsync latencies are drained from the group commit's list of
-measured syncs, and check latencies are recorded when a back-check ends (a slow path already).
-
-Names follow the OpenTelemetry messaging conventions where one exists
-(``messaging.client.sent.messages``, ``messaging.client.consumed.messages``); the rest are
-``txbroker.*``. docs/operations.md lists every one with its type, unit and attributes.
-
-The SDK and the Prometheus exporter come with the ``otel`` extra; without them the instruments
-are the API's no-ops and ``/metrics`` answers 503 naming the extra to install.
+when a scrape collects, so the produce and consume paths do no metric work at all; the two
+histograms (fsync and check latencies) are fed off the hot path too. Names follow the
+OpenTelemetry messaging conventions where one exists, else ``txbroker.*``; docs/operations.md
+lists every one. Without the ``otel`` extra the instruments are the API's no-ops and
+``/metrics`` answers 503 naming the extra to install.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""Producing: validate a send, choose its queue, deduplicate by idempotency key, append.
+"""Producing: a send's request becomes a stored message, appended, its receipt answered.
 
 Queue choice: an explicit ``queue_id`` wins; else a key maps to ``crc32c(key) % queues`` (same
 key, same queue, so per-key order holds); else sends rotate round-robin over the queues.
-
 Idempotency: a send whose key was stored within the dedup window returns the original receipt
-(``duplicate=True``) and stores nothing. The key index answers across restarts; concurrent
-sends with one key are serialised through an in-flight table so the second waits for the first
-rather than racing it past the index.
+(``duplicate=True``) and stores nothing; the key index answers across restarts, and requests
+holding one key are serialised through an in-flight table. The producer is also the
+transaction coordinator's ``Publishing`` port (``txbroker.tx.ports``).
 """
 
 from __future__ import annotations
@@ -19,12 +18,12 @@ from typing import Final
 
 import google_crc32c
 
-from txbroker.errors import InvalidArgument
+from txbroker.errors import InvalidArgument, InvalidName
 from txbroker.protocol.messages import SendReceipt, SendRequest
-from txbroker.protocol.names import validate_topic
+from txbroker.protocol.names import SYSTEM_PREFIX
 from txbroker.server.delay import PROP_TARGET_QUEUE, SCHEDULE_TOPIC, DelayScheduler
 from txbroker.server.longpoll import Notifier
-from txbroker.server.topics import TopicRegistry
+from txbroker.server.topics import Topic, TopicRegistry
 from txbroker.store import (
     PROP_IDEMPOTENCY_KEY,
     PROP_KEYS,
@@ -53,6 +52,10 @@ def queue_for_key(key: str, queues: int) -> int:
 
 
 class Producer:
+    """Sends into the store: :meth:`publish`, and :meth:`publish_deduplicated` on top of it for
+    requests with idempotency keys. Every front end (the wire handlers, an HTTP API, the
+    transaction coordinator through :meth:`to_message`) goes through these."""
+
     def __init__(
         self,
         store: MessageStore,
@@ -68,13 +71,104 @@ class Producer:
         self._topics = topics
         self._window_ms = dedup_window_ms
         self._rr = itertools.count()
-        self._inflight: dict[str, asyncio.Future[SendReceipt]] = {}
-        # The queues each pending group commit makes readable (send_nowait): woken together.
+        # Idempotency keys held by a request now: others with one of them wait for it.
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        # The queues each pending group commit makes readable: woken together once durable.
         self._woken_by: dict[asyncio.Future[None], set[tuple[str, int]]] = {}
 
+    # --- the send path ---
+
+    def publish(
+        self, reqs: Sequence[SendRequest]
+    ) -> tuple[list[SendReceipt], asyncio.Future[None] | None]:
+        """Append ``reqs`` now, all or none, without looking at idempotency keys; return their
+        receipts and what the answer must wait for: the group commit that makes them durable
+        (shared with every append until that commit starts: add callbacks, never cancel it),
+        or None in async flush mode. Queues are woken once durable. No coroutine, task or
+        future per request: this is most of what a send costs the broker.
+
+        ::
+
+            receipts, durable = producer.publish([SendRequest("orders", b"x")])
+            if durable is not None:
+                await asyncio.shield(durable)
+        """
+        if len(reqs) == 1:  # a single SEND, most of them: no lists to build and take apart
+            msg = self._stored_form(reqs[0])
+            res = self._store.append_nowait(msg)
+            return [self._receipt(msg, res)], self._wake_when_durable((res,))
+        return self._append([self._stored_form(r) for r in reqs])
+
+    async def publish_deduplicated(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
+        """:meth:`publish` for requests with idempotency keys, answered once durable: every
+        request is checked, every key looked up, then the new messages are appended in one
+        all-or-nothing batch. A key already stored (or repeated in ``reqs``) is answered with
+        the first receipt, ``duplicate=True``. Keys are claimed all at once, after waiting
+        (while claiming none) for requests holding any of them, so two never wait on each
+        other."""
+        built = [(self._stored_form(r), self._topics.get(r.topic)) for r in reqs]
+        keys = {r.idempotency_key for r in reqs if r.idempotency_key is not None}
+        while held := [self._inflight[k] for k in keys if k in self._inflight]:
+            await asyncio.wait(held)  # their outcome is in the index by the time we look
+        loop = asyncio.get_running_loop()
+        claimed = {k: loop.create_future() for k in keys}
+        self._inflight.update(claimed)
+        try:
+            by_key: dict[str, SendReceipt] = {}
+            for k in keys:
+                found = await self._find_stored(k)
+                if found is not None:
+                    by_key[k] = _receipt(found, duplicate=True)
+            todo: list[int] = []  # what is appended: no key, or a key's first new message
+            for i, r in enumerate(reqs):
+                ik = r.idempotency_key
+                if ik is None or ik not in by_key:
+                    todo.append(i)
+                    if ik is not None:
+                        by_key[ik] = _PENDING
+            msgs = [self._still_valid(reqs[i], *built[i]) for i in todo]
+            new, durable = self._append(msgs)
+            if durable is not None:
+                await asyncio.shield(durable)
+            out = dict(zip(todo, new, strict=True))
+            for i in todo:
+                ik = reqs[i].idempotency_key
+                if ik is not None:
+                    by_key[ik] = out[i]
+            return [
+                out[i] if i in out else _as_duplicate(by_key[r.idempotency_key or ""])
+                for i, r in enumerate(reqs)
+            ]
+        finally:
+            for k, fut in claimed.items():
+                del self._inflight[k]
+                fut.set_result(None)  # waiters look the key up again: stored, or not
+
+    def _still_valid(self, req: SendRequest, msg: Message, topic: Topic) -> Message:
+        """``msg`` as built before the index was read, or built again if its topic changed
+        meanwhile (deleted: refused; created again, maybe with other queues)."""
+        return msg if self._topics.get(req.topic) is topic else self._stored_form(req)
+
+    def _append(self, msgs: list[Message]) -> tuple[list[SendReceipt], asyncio.Future[None] | None]:
+        if not msgs:
+            return [], None
+        results = self._store.append_batch_nowait(msgs)
+        receipts = [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
+        return receipts, self._wake_when_durable(results)
+
+    def _stored_form(self, req: SendRequest) -> Message:
+        """The message as it is appended: itself, or its schedule copy when delayed."""
+        msg = self.to_message(req)
+        if req.deliver_at_ms is not None and req.deliver_at_ms > time.time_ns() // 1_000_000:
+            return self.schedule(msg, req.deliver_at_ms)
+        return msg
+
+    # --- the transaction coordinator's Publishing port (txbroker.tx.ports) ---
+
     def to_message(self, req: SendRequest) -> Message:
-        validate_topic(req.topic, allow_system=False)  # internal topics are the broker's own
-        topic = self._topics.get(req.topic)
+        if req.topic.startswith(SYSTEM_PREFIX):  # internal topics are the broker's own
+            raise InvalidName(f"topic {req.topic!r} is reserved for the broker (leading '%')")
+        topic = self._topics.get(req.topic)  # the name's one check: known, or why not
         for name, value in (
             ("key", req.key),
             ("tags", req.tags),
@@ -103,128 +197,19 @@ class Producer:
             props[PROP_MESSAGE_ID] = req.message_id
         return Message(topic.name, req.body, queue_id=qid, properties=props)
 
-    def _stored_form(self, req: SendRequest) -> Message:
-        """The message as it is appended: itself, or its schedule copy when delayed."""
-        msg = self.to_message(req)
-        if req.deliver_at_ms is not None and req.deliver_at_ms > time.time_ns() // 1_000_000:
-            if self._scheduler is None:
-                raise InvalidArgument("this broker does not deliver delayed messages")
-            return self._scheduler.prepare(msg, req.deliver_at_ms)
-        return msg
+    def schedule(self, msg: Message, deliver_at_ms: int) -> Message:
+        if self._scheduler is None:
+            raise InvalidArgument("this broker does not deliver delayed messages")
+        return self._scheduler.prepare(msg, deliver_at_ms)
 
-    async def send(self, req: SendRequest) -> SendReceipt:
-        msg = self._stored_form(req)
-        ik = req.idempotency_key
-        if ik is None:
-            return self._after_append(msg, await self._store.append(msg))
-        pending = self._inflight.get(ik)
-        if pending is not None:
-            first = await asyncio.shield(pending)
-            return _as_duplicate(first)
-        fut: asyncio.Future[SendReceipt] = asyncio.get_running_loop().create_future()
-        self._inflight[ik] = fut
-        try:
-            found = await self._find_stored(ik)
-            if found is not None:
-                receipt = _receipt(found, duplicate=True)
-            else:
-                # Again, now: the topic may have been deleted (or re-created with other queues)
-                # while the index was read, and nothing may land in a deleted topic.
-                msg = self._stored_form(req)
-                receipt = self._after_append(msg, await self._store.append(msg))
-            fut.set_result(receipt)
-            return receipt
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # mark retrieved: waiters re-raise it, nobody logs it as lost
-            raise
-        finally:
-            del self._inflight[ik]
+    def scheduled(self, level: int) -> None:
+        assert self._scheduler is not None  # a scheduled copy was made by it
+        self._scheduler.notify(level)
 
-    async def send_batch(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
-        """All or nothing: every message is validated, then what is stored is appended in one
-        batch, one group commit for the lot; if that fails, none of it is stored."""
-        if any(r.idempotency_key is not None for r in reqs):
-            for r in reqs:  # validate every one, store limits included, before sending any
-                self._store.validate(self._stored_form(r))
-            return await self._send_batch_deduplicated(reqs)
-        msgs = [self._stored_form(r) for r in reqs]
-        results = await self._store.append_batch(msgs)
-        return [self._after_append(m, r) for m, r in zip(msgs, results, strict=True)]
+    def ensure_system_topic(self, name: str, queues: int) -> None:
+        self._topics.ensure_system(name, queues)
 
-    async def _send_batch_deduplicated(self, reqs: Sequence[SendRequest]) -> list[SendReceipt]:
-        """A batch with idempotency keys: look every key up, then append the new messages in
-        one all-or-nothing batch. A key repeated in the batch is stored once (the repeats are
-        duplicates of the first). The keys are claimed in the in-flight table all at once, after
-        waiting (while claiming none) for other requests that hold any of them, so two batches
-        never wait for each other."""
-        keys = {r.idempotency_key for r in reqs if r.idempotency_key is not None}
-        while held := [self._inflight[k] for k in keys if k in self._inflight]:
-            await asyncio.wait(held)  # their outcome is in the index by the time we look
-        loop = asyncio.get_running_loop()
-        claimed: dict[str, asyncio.Future[SendReceipt]] = {k: loop.create_future() for k in keys}
-        self._inflight.update(claimed)
-        try:
-            by_key: dict[str, SendReceipt] = {}
-            for k in keys:
-                found = await self._find_stored(k)
-                if found is not None:
-                    by_key[k] = _receipt(found, duplicate=True)
-            todo: list[int] = []  # what is appended: no key, or a key's first new message
-            queued: set[str] = set()
-            for i, r in enumerate(reqs):
-                ik = r.idempotency_key
-                if ik is None or (ik not in by_key and ik not in queued):
-                    todo.append(i)
-                    if ik is not None:
-                        queued.add(ik)
-            # Built again, now: the topic may have been deleted while the index was read.
-            msgs = [self._stored_form(reqs[i]) for i in todo]
-            results = await self._store.append_batch(msgs) if msgs else []
-            out: dict[int, SendReceipt] = {}
-            for i, m, res in zip(todo, msgs, results, strict=True):
-                out[i] = self._after_append(m, res)
-                ik = reqs[i].idempotency_key
-                if ik is not None:
-                    by_key[ik] = out[i]
-            receipts = [
-                out[i] if i in out else _as_duplicate(by_key[r.idempotency_key or ""])
-                for i, r in enumerate(reqs)
-            ]
-            for k, fut in claimed.items():
-                fut.set_result(by_key[k])
-            return receipts
-        except BaseException as e:
-            for fut in claimed.values():
-                if not fut.done():
-                    fut.set_exception(e)
-                    fut.exception()  # mark retrieved: waiters re-raise it, nobody logs it
-            raise
-        finally:
-            for k in keys:
-                del self._inflight[k]
-
-    def send_nowait(self, req: SendRequest) -> tuple[SendReceipt, asyncio.Future[None] | None]:
-        """Append a send without an idempotency key now; return its receipt and what the
-        answer must wait for: the group commit that makes it durable (shared with every append
-        until that commit starts), or None in async flush mode. Queues are woken once it is
-        durable. The task-free front of :meth:`send` (``handlers.py``): no coroutine, task or
-        future per message, which was most of what a single send cost the broker."""
-        assert req.idempotency_key is None, "deduplicated sends need send()"
-        msg = self._stored_form(req)
-        res = self._store.append_nowait(msg)
-        return self._receipt(msg, res), self._wake_when_durable((res,))
-
-    def send_batch_nowait(
-        self, reqs: Sequence[SendRequest]
-    ) -> tuple[list[SendReceipt], asyncio.Future[None] | None]:
-        """:meth:`send_batch` for a batch without idempotency keys, as :meth:`send_nowait`
-        answers: all or nothing, appended now, the receipts and what to wait for."""
-        assert all(r.idempotency_key is None for r in reqs), "deduplicated sends need send_batch()"
-        msgs = [self._stored_form(r) for r in reqs]
-        results = self._store.append_batch_nowait(msgs)
-        receipts = [self._receipt(m, r) for m, r in zip(msgs, results, strict=True)]
-        return receipts, self._wake_when_durable(results)
+    # --- after the append ---
 
     def _wake_when_durable(self, results: Sequence[AppendResult]) -> asyncio.Future[None] | None:
         """Wake the queues of ``results`` once they are durable (now, in async flush mode);
@@ -248,16 +233,9 @@ class Producer:
             for topic, qid in woken:
                 self._wake(topic, qid)
 
-    def _after_append(self, msg: Message, res: AppendResult) -> SendReceipt:
-        """Wake whoever waits for this queue (the append is acknowledged, so readable: durable
-        in sync mode) and make the producer's receipt."""
-        self._wake(res.topic, res.queue_id)
-        return self._receipt(msg, res)
-
     def _wake(self, topic: str, qid: int) -> None:
         if topic == SCHEDULE_TOPIC:
-            assert self._scheduler is not None
-            self._scheduler.notify(qid)
+            self.scheduled(qid)
         elif self._notifier is not None:
             self._notifier.notify(topic, qid)
 
@@ -289,3 +267,7 @@ def _scheduled_receipt(message_id: str, props: dict[str, str]) -> SendReceipt:
 
 def _as_duplicate(r: SendReceipt) -> SendReceipt:
     return SendReceipt(r.message_id, r.topic, r.queue_id, r.queue_offset, True)
+
+
+# Marks a key whose first message is in this request (publish_deduplicated): never answered.
+_PENDING: Final = SendReceipt("", "", 0, SCHEDULED_OFFSET)

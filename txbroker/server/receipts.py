@@ -15,7 +15,7 @@ the group's retry topic, or, past the group's maximum, goes to its dead-letter t
 topic is the group's, read once for all the group's topics; a retry read for one topic's
 receivers waits for a receiver of its own topic.
 
-    receiver = Receiver(tcp_requests(handlers), topics)
+    receiver = Receiver(tcp_requests(handlers, role), topics)
     receiver.start()
     got = await receiver.receive("billing", "orders", max_messages=10, wait_ms=20_000,
                                  invisible_ms=30_000)

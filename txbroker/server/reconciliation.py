@@ -1,17 +1,11 @@
 """The newest reconciliation summary, as `txbroker reconcile` leaves it: read by the console and
 meant for /metrics too.
 
-The job writes ``summary.json`` into its ``--out`` folder (atomically: a temporary name,
-renamed; see ``txbroker_reconcile.summary``, whose file name and format version are repeated
-here because the broker does not import the reconciliation; a test keeps the two equal). An
-operator points the broker at that folder, or at a parent of dated ones
-(``--out reports/2026-11-25``): the newest summary of the folder and its direct subfolders wins.
-
-    >>> latest_summary(Path("reports"))          # doctest: +SKIP
-    ReconcileSummary(path=PosixPath('reports/summary.json'), ...)
-
-Never raises for what a folder may hold: no summary yet is ``None``; an unreadable or foreign
-file is a summary with ``problem`` set, so a page can say what is wrong.
+The job writes ``summary.json`` into its ``--out`` folder atomically; its file name and format
+version are repeated here because the broker does not import the reconciliation (a test keeps
+the two equal). The newest summary of the folder and its direct subfolders wins. Never raises
+for what a folder may hold: no summary yet is ``None``; an unreadable or foreign file is a
+summary with ``problem`` set, so a page can say what is wrong.
 """
 
 from __future__ import annotations
@@ -73,7 +67,14 @@ def _candidates(reports: Path) -> list[Path]:
 
 
 def latest_summary(reports: Path) -> ReconcileSummary | None:
-    """The most recently written summary in ``reports`` or a direct subfolder; None if none."""
+    """The most recently written summary in ``reports`` or a direct subfolder; None if none.
+
+    An operator points the broker at the job's ``--out`` folder, or at a parent of dated ones
+    (``--out reports/2026-11-25``)::
+
+        >>> latest_summary(Path("reports"))          # doctest: +SKIP
+        ReconcileSummary(path=PosixPath('reports/summary.json'), ...)
+    """
     newest: tuple[int, Path] | None = None
     for path in _candidates(reports):
         try:

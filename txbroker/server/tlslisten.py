@@ -1,16 +1,10 @@
 """The broker's TCP listener when it serves TLS: a plain client is told so, in plain bytes.
 
 ``loop.create_server(ssl=...)`` would answer a client that speaks plain frames with a failed
-handshake and a closed socket: the client sees a connection closed for no reason and retries.
-This listener accepts sockets itself and looks at each one's first byte without consuming it
-(``MSG_PEEK``): a TLS handshake record (0x16) is handed to the event loop as a TLS connection
-(``connect_accepted_socket``, the handshake bounded by the HELLO deadline); anything else gets one
-``STREAM`` error frame, ``TLS_REQUIRED``, and is closed after the lingering the plain connection
-does too (closing with unread input would reset it and lose the error).
-
-Sockets that have not sent their first byte are bounded like connections without HELLO
-(admission.py): at most ``pending_max`` of them, the oldest closed to make room, each for at most
-the HELLO deadline. From the handshake on, a connection is an ordinary ``Connection``.
+handshake and a closed socket, and the client would retry for no reason it can see. This
+listener peeks at each socket's first byte: a TLS handshake record goes to the event loop as a
+TLS connection; anything else gets one ``TLS_REQUIRED`` error frame and is closed. Sockets that
+have not sent their first byte are bounded like connections without HELLO (admission.py).
 """
 
 from __future__ import annotations
@@ -57,7 +51,15 @@ _REFUSAL: Final = encode_frame(
 
 class TlsListener:
     """Serves TLS on ``host:port`` to what ``factory`` makes (see the module docstring). Looks
-    like an ``asyncio.Server`` to the broker: ``sockets``, ``close``, ``wait_closed``."""
+    like an ``asyncio.Server`` to the broker: ``sockets``, ``close``, ``wait_closed``.
+
+    The first byte is read without consuming it (``MSG_PEEK``): 0x16, a TLS handshake record, is
+    handed over with ``connect_accepted_socket``, the handshake bounded by the HELLO deadline;
+    anything else gets a ``STREAM`` error frame and is closed after the lingering the plain
+    connection does too (closing with unread input would reset it and lose the error). At most
+    ``pending_max`` sockets wait for their first byte, the oldest closed to make room, each for
+    at most the HELLO deadline. From the handshake on, a connection is an ordinary
+    ``Connection``."""
 
     def __init__(
         self,

@@ -1,24 +1,12 @@
 """Who a token is: the broker's table of tokens, each with a name, roles and topic patterns.
 
-A token is stored as its SHA-256 digest only (written as ``token_sha256`` in the
-configuration, or computed once at start from a ``token`` given in clear), and a presented
-token is hashed and compared with every entry in constant time (``hmac.compare_digest``, no
-early exit), so neither the table in memory nor the time an answer takes says which token is
-near. Tokens are long random strings: a plain hash (not a slow password hash) is enough, and
-lets ``txbroker`` check one per connection without a cost worth measuring.
-
-Roles (docs/operations.md, "Access control")::
-
-    produce   SEND, SEND_BATCH, TX_PREPARE, TX_END on the topics it names
-    consume   HEARTBEAT, PULL, ACK, NACK, LEAVE, OFFSETS on the topics it names
-    read      listings and descriptions: topics, groups and lag, transactions, dead letters,
-              the HTTP admin API's GETs, /metrics, the console's pages
-    admin     everything: the three above, plus topic create/delete, transaction resolve,
-              dead-letter re-drive, the console's actions
-
-Topic patterns are ``fnmatch`` globs matched case-sensitively (``orders.*``, ``billing-?``,
-``*``); a token without ``topics`` has ``["*"]``. The single ``auth_token`` of earlier
-versions is the token named ``admin`` with the admin role on ``*``.
+A token is stored as its SHA-256 digest only, and a presented token is hashed and compared with
+every entry in constant time, so neither the table in memory nor the time an answer takes says
+which token is near. Tokens are long random strings: a plain hash (not a slow password hash) is
+enough, and costs a connection nothing worth measuring. Roles (:class:`Role`; docs/operations.md,
+"Access control"): produce, consume, read, admin. Topic patterns are case-sensitive ``fnmatch``
+globs (``orders.*``); a token without ``topics`` has ``["*"]``. The single ``auth_token``
+setting is the token named ``admin`` with the admin role on ``*``.
 """
 
 from __future__ import annotations
@@ -43,6 +31,16 @@ _ENTRY_KEYS: Final = frozenset({"name", "token", "token_sha256", "roles", "topic
 
 
 class Role(enum.StrEnum):
+    """What each role may do (docs/operations.md, "Access control")::
+
+    produce   SEND, SEND_BATCH, TX_PREPARE, TX_END on the topics it names
+    consume   HEARTBEAT, PULL, ACK, NACK, LEAVE, OFFSETS on the topics it names
+    read      listings and descriptions: topics, groups and lag, transactions, dead letters,
+              the HTTP admin API's GETs, /metrics, the console's pages
+    admin     everything: the three above, plus topic create/delete, transaction resolve,
+              dead-letter re-drive, the console's actions
+    """
+
     PRODUCE = "produce"
     CONSUME = "consume"
     READ = "read"

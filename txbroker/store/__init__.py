@@ -1,11 +1,10 @@
 """The broker's durable store: commit log, consume queues, key index, group commit, recovery,
-and the fences that delete a topic's records."""
+and the fences that delete a topic's records (docs/store.md)."""
 
+from txbroker.store.append import AppendResult
 from txbroker.store.config import FlushMode, StoreConfig
-from txbroker.store.core import StoreState
 from txbroker.store.fences import TopicFence
 from txbroker.store.keyindex import KeyKind
-from txbroker.store.maintenance import RetentionHook, RetentionReport
 from txbroker.store.reads import GetResult
 from txbroker.store.record import (
     MAX_BODY_BYTES,
@@ -22,7 +21,9 @@ from txbroker.store.record import (
     StoredMessage,
 )
 from txbroker.store.recovery import RecoveryReport
-from txbroker.store.store import AppendResult, MessageStore
+from txbroker.store.retention import RetentionHook, RetentionReport
+from txbroker.store.state import StoreState
+from txbroker.store.store import MessageStore
 
 __all__ = [
     # records

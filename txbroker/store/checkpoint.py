@@ -1,26 +1,38 @@
-"""The checkpoint: how far the store's files are known durable and mutually consistent, plus
-the abnormal-shutdown marker.
+"""The checkpoint: how far the store's files are durable and mutually consistent; taking one
+(``Checkpointer``); the abnormal-shutdown marker; and ``TailCut``.
 
 A checkpoint at log offset P promises: every commit-log record before P is on disk, and so is
-every consume-queue and key-index entry for those records. Recovery therefore verifies and
-replays the log from P only. ``queues`` lists each consume queue's entry count at P, so a queue
-that is missing or shorter on disk (deleted, damaged) is detected and rebuilt from the log.
-
-Written as JSON to a temporary file, fsynced, renamed over the old one, directory fsynced: a
-reader sees the old checkpoint or the new one, never a mix.
+every consume-queue and key-index entry for those records, so recovery replays from P only.
+``queues`` lists each queue's entry count at P, so a queue missing or shorter on disk is
+rebuilt. Written with ``write_atomic``: a reader sees the old checkpoint or the new one.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from txbroker.store.atomicfile import write_atomic
 from txbroker.store.mapped import fsync_dir
 
-__all__ = ["Checkpoint", "ShutdownMarker", "TailCut", "read_checkpoint", "write_checkpoint"]
+if TYPE_CHECKING:
+    from txbroker.store.commitlog import CommitLog
+    from txbroker.store.consumequeue import ConsumeQueue, ConsumeQueues
+    from txbroker.store.flush import Flusher
+    from txbroker.store.keyindex import KeyIndex
+    from txbroker.store.state import Lifecycle
+
+__all__ = [
+    "Checkpoint",
+    "Checkpointer",
+    "ShutdownMarker",
+    "TailCut",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 ABORT_FILE: Final = "abort"
@@ -99,3 +111,55 @@ class TailCut:
         if self.path.exists():
             self.path.unlink()
             fsync_dir(self.path.parent)
+
+
+class Checkpointer:
+    """Takes checkpoints: the log is made durable up to P first, then, in the durable-work
+    thread, every queue written since the last checkpoint and the key index, then the file."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        commitlog: CommitLog,
+        index: KeyIndex,
+        queues: ConsumeQueues,
+        flusher: Flusher,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._dir = data_dir
+        self._log = commitlog
+        self._index = index
+        self._queues = queues
+        self._flusher = flusher
+        self._lifecycle = lifecycle
+
+    def now(self) -> Checkpoint:
+        """A checkpoint at the current end of the log (not yet durable)."""
+        base, count = self._index.state()
+        return Checkpoint(
+            log_offset=self._log.write_pos,
+            index_base=base,
+            index_count=count,
+            queues={queue_key(t, q): cq.max_offset for (t, q), cq in self._queues.by_key.items()},
+            written_ms=time.time_ns() // 1_000_000,
+        )
+
+    def make_durable(self, cp: Checkpoint, queues: list[ConsumeQueue]) -> None:
+        """In the durable-work thread, once the log is durable up to ``cp.log_offset``."""
+        for cq in queues:
+            cq.sync()
+        self._index.sync()
+        write_checkpoint(self._dir, cp)
+
+    async def checkpoint(self) -> Checkpoint:
+        """Make queues and index durable up to the current end of the log and record it."""
+        self._lifecycle.check_open()
+        committer = self._flusher.committer
+        assert committer is not None
+        cp = self.now()
+        dirty, self._queues.dirty = list(self._queues.dirty), set()
+        if self._index.files:
+            self._index.files[-1].write_header()
+        await committer.wait_durable()  # the log first: P must be durable before queues
+        await committer.run_in_durable_thread(lambda: self.make_durable(cp, dirty))
+        return cp

@@ -1,17 +1,10 @@
 """Consume queues: per (topic, queue) index of the commit log, one fixed 20-byte entry a message.
 
-Entry layout (little-endian)::
-
-    offset size field          meaning
-    0      8    phys_offset    where the record starts in the commit log
-    8      4    size           record size in bytes (never 0 in a written entry)
-    12     8    tag_hash       64-bit hash of the record's tag, 0 when it has none
-
 Entry N of a queue is message N of that queue (its queue offset), so a consumer's position is a
 plain integer and a read is one multiplication. Files live in
-``<data>/consumequeue/<topic>/<queue_id>/`` and are named by their first queue offset (20
-digits); each holds a fixed number of entries. A zero ``size`` marks an entry never written.
-Consume queues are derived data: recovery rebuilds them from the commit log.
+``<data>/consumequeue/<topic>/<queue_id>/``, named by their first queue offset (20 digits),
+each a fixed number of entries; a zero ``size`` marks an entry never written. Consume queues
+are derived data: recovery rebuilds them from the commit log. ``ConsumeQueues``: all of them.
 """
 
 from __future__ import annotations
@@ -19,17 +12,28 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import logging
+import shutil
 import struct
 from collections.abc import Collection
 from pathlib import Path
 from typing import Final
 
 from txbroker.errors import CorruptLog
+from txbroker.store.fences import Fences
 from txbroker.store.mapped import MappedFile, remove_temporaries
 
-__all__ = ["CQ_ENTRY", "ConsumeQueue", "tag_hash"]
+__all__ = ["CQ_ENTRY", "ConsumeQueue", "ConsumeQueues", "tag_hash"]
 
-CQ_ENTRY: Final = struct.Struct("<QIQ")
+log = logging.getLogger(__name__)
+
+# One consume-queue entry, little-endian.
+CQ_ENTRY: Final = struct.Struct(
+    "<"
+    "Q"  # phys_offset: where the record starts in the commit log
+    "I"  # size: record size in bytes (never 0 in a written entry)
+    "Q"  # tag_hash: 64-bit hash of the record's tag, 0 when it has none
+)
 assert CQ_ENTRY.size == 20
 
 NAME_DIGITS: Final = 20
@@ -304,3 +308,56 @@ class ConsumeQueue:
             f.close()
         self.files.clear()
         self._bases.clear()
+
+
+class ConsumeQueues:
+    """Every consume queue of a store by (topic, queue id), and which were written since the
+    last checkpoint (``dirty``: the checkpoint syncs those)."""
+
+    def __init__(self, root: Path, per_file: int, fences: Fences) -> None:
+        self.root = root
+        self.per_file = per_file
+        self._fences = fences
+        self.by_key: dict[tuple[str, int], ConsumeQueue] = {}
+        self.dirty: set[ConsumeQueue] = set()
+
+    def new(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """A queue not yet known; it joins when its first entry is written. A deleted
+        topic's queue starts where the deleted one ended (see ``fences.py``)."""
+        start = self._fences.start(topic, queue_id)
+        return ConsumeQueue(self.root, topic, queue_id, self.per_file, start)
+
+    def load(self) -> None:
+        """Open every queue on disk. A queue whose files do not tile is dropped: derived
+        data, rebuilt by recovery (the checkpoint lists it)."""
+        if not self.root.exists():
+            return
+        for tdir in sorted(self.root.iterdir()):
+            if not tdir.is_dir():
+                continue
+            for qdir in sorted(tdir.iterdir()):
+                if qdir.is_dir() and qdir.name.isdigit():
+                    cq = ConsumeQueue(self.root, tdir.name, int(qdir.name), self.per_file)
+                    try:
+                        cq.load()
+                    except CorruptLog as e:
+                        log.warning("%s; rebuilding it from the commit log", e)
+                        cq.close()
+                        shutil.rmtree(qdir)
+                        continue
+                    self.by_key[(tdir.name, int(qdir.name))] = cq
+
+    def drop_topic(self, topic: str) -> int:
+        """Forget ``topic``'s queues and remove their files; return the bytes freed."""
+        dropped = [self.by_key.pop(k) for k in [k for k in self.by_key if k[0] == topic]]
+        freed = sum(f.size for cq in dropped for f in cq.files)
+        for cq in dropped:
+            self.dirty.discard(cq)
+            cq.close()  # readers in worker threads hold their own references
+        # Queue files are derived data: if removing them fails, the next open drops them.
+        shutil.rmtree(self.root / topic, ignore_errors=True)
+        return freed
+
+    def close(self) -> None:
+        for cq in self.by_key.values():
+            cq.close()

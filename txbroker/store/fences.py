@@ -1,33 +1,30 @@
-"""Topic fences: how a deleted topic's records become unreachable at once, without rewriting
-the log.
+"""Deleting a topic without rewriting the log: fences, and the deletion that sets one.
 
-Deleting a topic records a :class:`TopicFence` for its name: the commit-log offset at the moment
-of deletion, and where each of its queues ended. Every record that *belongs* to the topic and
-lies before the fence is dead: no queue read, key lookup or recovery brings it back, and
-retention reclaims its bytes with the segment that holds it. A topic created again under the
-name starts empty, its queues numbering on from where the deleted ones ended (so a client's
-stale position or committed offset can only point before the new messages, never into them).
-
-A record belongs to the topic it names as its origin: the original topic of a retry or
-dead-letter copy (``ot``), else the target topic of a half message or a delayed copy (``tt``),
-else its own topic. So one rule covers the topic's own queues and every copy of its messages
-in the broker's internal topics. It stays true because every copy is appended after its
-source, and the broker checks that the source is alive right before appending the copy (see
-:meth:`Fences.is_dead`): a copy is never younger than a deletion that killed its source.
-
-The fences are persisted by the owner of the topic registry (atomically, with the deletion
-itself) and handed to the store when it opens.
+A :class:`TopicFence` records where the log ended when a topic was deleted and where each of
+its queues ended. A record *belongs* to the topic it names as its origin (``ot`` on a retry or
+dead-letter copy, else ``tt`` on a half message or delayed copy, else its own topic); one that
+belongs to a fenced topic and lies before the fence is dead: no read, lookup or recovery brings
+it back, and retention reclaims its bytes. A topic created again starts its queues where the
+deleted ones ended. :class:`TopicDeletion` names and applies fences; the topic registry's
+owner persists them (the point of no return) and hands them to the store when it opens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from txbroker.protocol.names import validate_topic
 from txbroker.store.record import PROP_ORIGINAL_TOPIC, PROP_TARGET_TOPIC
 
-__all__ = ["Fences", "TopicFence", "owner_topic"]
+if TYPE_CHECKING:
+    from txbroker.store.commitlog import CommitLog
+    from txbroker.store.consumequeue import ConsumeQueues
+    from txbroker.store.state import Lifecycle
+
+__all__ = ["Fences", "TopicDeletion", "TopicFence", "owner_topic"]
 
 
 class TopicFence(msgspec.Struct, frozen=True):
@@ -97,3 +94,40 @@ class Fences:
         if not self._by_topic:
             return False
         return self.is_dead_at(owner_topic(topic, props), phys)
+
+
+class TopicDeletion:
+    """Deleting a topic's data: name its fence, then (once the owner persisted it) apply it.
+    A crash between the two is repaired at the next open, with the persisted fences: queues
+    left on disk that point at dead records are dropped."""
+
+    def __init__(
+        self, commitlog: CommitLog, queues: ConsumeQueues, fences: Fences, lifecycle: Lifecycle
+    ) -> None:
+        self._log = commitlog
+        self._queues = queues
+        self._fences = fences
+        self._lifecycle = lifecycle
+
+    def fence_for(self, topic: str) -> TopicFence:
+        """The fence a deletion of ``topic`` now would set: the end of the log, and where each
+        of its queues ends (merged with the fence of an earlier deletion of the name)."""
+        validate_topic(topic)
+        ends = {q: cq.max_offset for (t, q), cq in self._queues.by_key.items() if t == topic}
+        fence = TopicFence(self._log.write_pos, ends)
+        earlier = self._fences.get(topic)
+        return earlier.merge(fence) if earlier is not None else fence
+
+    def drop_topic(self, topic: str, fence: TopicFence) -> int:
+        """Make ``topic``'s records before ``fence`` unreachable and remove its consume-queue
+        files; return the bytes freed. Call once ``fence`` is persisted."""
+        self._lifecycle.check_readable()
+        self._fences.set(topic, fence)
+        return self._queues.drop_topic(topic)
+
+    def forget_fences(self, keep: set[str]) -> list[str]:
+        """Fences no longer needed: no record before them is left in the log (retention took
+        it) and no topic of the name exists (``keep``) whose new queues number on from them.
+        Returns their topics, for the registry's owner to drop from what it persists."""
+        low = self._log.min_offset
+        return [t for t, f in self._fences.items() if f.phys <= low and t not in keep]

@@ -1,11 +1,9 @@
-"""Group commit: one fdatasync makes every record appended before it durable.
+"""When appended records are durable: the group commit, the replication gate, the cut.
 
-At most one fdatasync is in flight, run by the syncer process (see ``syncer.py`` for why a
-process). Appends that arrive while it runs wait together for the next one, so under load one
-fsync covers many records and appending (this core) overlaps with syncing (the other core).
-
-A failed fdatasync poisons the store (see :class:`~txbroker.errors.StoreFailed`): its waiters
-and every later append get the error.
+``GroupCommitter``: at most one fdatasync in flight, run by the syncer process (``syncer.py``);
+appends that arrive meanwhile share the next one. ``Flusher`` is the store's one durability
+wait over it (and over the ``ReplicationGate`` sync replication installs), and records where a
+failed write cut the log. A failed write or fdatasync poisons the store (``StoreFailed``).
 """
 
 from __future__ import annotations
@@ -21,12 +19,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
 
 from txbroker.errors import StoreFailed
 from txbroker.store import syncer
+from txbroker.store.checkpoint import TailCut
 from txbroker.store.commitlog import CommitLog
+from txbroker.store.state import Lifecycle
 
-__all__ = ["MAX_GROUPS_IN_FLIGHT", "GroupCommitter"]
+__all__ = ["MAX_GROUPS_IN_FLIGHT", "Flusher", "GroupCommitter", "ReplicationGate"]
 
 log = logging.getLogger(__name__)
 
@@ -265,3 +266,117 @@ class GroupCommitter:
             self._proc.wait()
         self._proc.stdout.close()
         self._pool.shutdown(wait=True)
+
+
+class ReplicationGate(Protocol):
+    """What a write waits for when replication is synchronous (installed on the master by
+    ``txbroker.server.replication``)."""
+
+    covered: int  # the log is flushed on enough replicas below this: consumers read below it
+
+    def covering(self, offset: int) -> asyncio.Future[None]:
+        """A future resolved once enough replicas have flushed the log up to ``offset``
+        (which implies the master flushed it: replicas only receive flushed bytes), or failed
+        with a ``ReplicationTimeout``. Shared by many callers: never cancel it."""
+        ...
+
+
+class Flusher:
+    """The store's durability: one wait for "everything appended so far is durable" (the
+    group commit in sync flush mode, the replication gate when one is installed), what
+    consumers may read, and where a failed write cut the log."""
+
+    def __init__(
+        self, commitlog: CommitLog, sync: bool, tail_cut: TailCut, lifecycle: Lifecycle
+    ) -> None:
+        self.log = commitlog
+        self.sync = sync
+        self._tail_cut = tail_cut
+        self._lifecycle = lifecycle
+        self.committer: GroupCommitter | None = None  # started once the store is recovered
+        self.gate: ReplicationGate | None = None  # set by sync replication
+        self.cut_at: int | None = None  # where a failed write cut the log (TailCut)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> GroupCommitter:
+        committer = self.committer = GroupCommitter(loop, self.log)
+        committer.on_failure = self._on_commit_failure
+        return committer
+
+    def durable(self, *, own: bool = True) -> asyncio.Future[None] | None:
+        """The store's one durability wait: a future resolved once everything appended so far
+        is durable (flushed in sync mode; with a gate, held by enough replicas), or None when
+        nothing is waited for (async mode, no gate). ``own``: a future for this caller alone,
+        which it may cancel (what an append awaits); else one shared by every caller until the
+        next group commit starts: add callbacks to it, never cancel it. An own future of the
+        group commit is resolved by the group itself, not through the shared one: awaiting a
+        shielded shared future costs every append an extra loop callback."""
+        gate = self.gate
+        if gate is not None:
+            shared = gate.covering(self.log.write_pos)
+            return asyncio.shield(shared) if own else shared
+        if not self.sync:
+            return None
+        assert self.committer is not None
+        return self.committer.wait_durable() if own else self.committer.durable_together()
+
+    @property
+    def flushed(self) -> int:
+        return self.committer.flushed if self.committer is not None else 0
+
+    @property
+    def readable_offset(self) -> int:
+        """Consumers see records below this: in sync mode only durable ones (and, with a gate,
+        only those enough replicas hold), so no consumer acts on a record a power loss or a
+        failover could still take back; in async mode all. Never past the cut."""
+        end = self.flushed if self.sync else self.log.write_pos
+        gate = self.gate
+        if gate is not None:
+            end = min(end, gate.covered)
+        return end if self.cut_at is None else min(end, self.cut_at)
+
+    @property
+    def end(self) -> int:
+        """The end of what was written and not cut off by a failed write."""
+        end = self.log.write_pos
+        return end if self.cut_at is None else min(end, self.cut_at)
+
+    def fail_write(self, e: BaseException, first: int) -> NoReturn:
+        """A write the reservation made safe failed all the same (an I/O error): part of the
+        batch may be in the log and not in its queue, which cannot be undone safely in place.
+        Stop appending, and cut the log durably where nothing after was acknowledged, so no
+        restart delivers what the client was told failed: in sync flush mode from the flushed
+        offset (nothing past it was acknowledged), else from the batch's first record."""
+        failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
+        if failure is not e:
+            failure.__cause__ = e
+        assert self.committer is not None
+        self.cut(self.committer.flushed if self.sync else first)
+        self.committer.poison(failure)  # calls _on_commit_failure: the store is FAILED
+        self._lifecycle.fail(failure)  # if the committer had failed already
+        raise failure from None
+
+    def _on_commit_failure(self) -> None:
+        """The group committer failed (a write or an fdatasync of the log, or the syncer
+        died), or a write did: in sync mode nothing past the flushed offset was acknowledged,
+        so cut the log there; and the store is FAILED from now on, not at its next append, so
+        nothing (a close, a checkpoint) treats it as healthy."""
+        assert self.committer is not None and self.committer.failure is not None
+        if self.sync:
+            self.cut(self.committer.flushed)
+        self._lifecycle.fail(self.committer.failure)
+
+    def cut(self, offset: int) -> None:
+        """Record durably that the log ends at ``offset`` (see ``TailCut``); the first cut of
+        a run stands. If even that write fails, the disk is gone and recovery keeps what it
+        finds (logged loudly)."""
+        if self.cut_at is not None:
+            return
+        self.cut_at = offset  # from now on nothing from there is read, counted or found
+        try:
+            self._tail_cut.write(offset)
+        except OSError:
+            log.exception(
+                "cannot record where the failed write cut the log (offset %d): records after "
+                "it that clients were told failed may come back at the next start",
+                offset,
+            )

@@ -1,30 +1,11 @@
 """The key index: message key, message id and idempotency key → commit-log offsets, on disk.
 
-A chain hash table in fixed-size index files (RocketMQ's IndexFile design), so memory stays
-bounded however many keys are written: the kernel pages the files in and out. Each file::
-
-    header (64 bytes, little-endian)
-    0   4  magic       u32   INDEX_MAGIC
-    4   4  version     u32
-    8   4  slot_count  u32   hash slots
-    12  4  capacity    u32   entry capacity
-    16  4  count       u32   entries used (written at flush; recovery trusts the checkpoint)
-    20  4  reserved    u32
-    24  8  begin_phys  u64   commit-log offset of the first indexed record
-    32  8  end_phys    u64   commit-log offset of the last indexed record
-    40  8  begin_ms    u64   store time of the first indexed record
-    48  8  end_ms      u64   store time of the last indexed record
-    56  8  reserved
-    slots: slot_count x u32  1-based number of the newest entry in the slot's chain, 0 = empty
-    entries: capacity x 24 bytes:
-    0   8  key_hash    u64   hash of (kind, key)
-    8   8  phys        u64   commit-log offset of the record
-    16  4  prev        u32   1-based number of the previous entry in this chain, 0 = end
-    20  4  store_s     u32   store time in seconds (low 32 bits), for window filtering
-
-Lookups return candidate offsets; the store reads each record and keeps those whose key really
-matches, so hash collisions and stale entries (past a truncated tail) can only cost a read.
-Files are named by the physical offset of their first record (20 digits).
+A chained hash table in fixed-size index files (RocketMQ's IndexFile design), so memory stays
+bounded however many keys are written: the kernel pages the files in and out. A file is a
+header (``INDEX_HEADER``), ``slot_count`` slots (``SLOT``) and ``capacity`` entries
+(``INDEX_ENTRY``). Lookups return candidate offsets; the store reads each record and keeps those
+whose key really matches, so hash collisions and stale entries (past a truncated tail) can only
+cost a read. Files are named by the physical offset of their first record (20 digits).
 """
 
 from __future__ import annotations
@@ -45,8 +26,28 @@ log = logging.getLogger(__name__)
 
 __all__ = ["IndexFile", "KeyIndex", "KeyKind"]
 
-INDEX_HEADER: Final = struct.Struct("<IIIIIIQQQQQ")
-INDEX_ENTRY: Final = struct.Struct("<QQII")
+INDEX_HEADER: Final = struct.Struct(
+    "<"
+    "I"  # 0   magic: INDEX_MAGIC
+    "I"  # 4   version
+    "I"  # 8   slot_count: hash slots
+    "I"  # 12  capacity: entry capacity
+    "I"  # 16  count: entries used (written at flush; recovery trusts the checkpoint)
+    "I"  # 20  reserved
+    "Q"  # 24  begin_phys: commit-log offset of the first indexed record
+    "Q"  # 32  end_phys: commit-log offset of the last indexed record
+    "Q"  # 40  begin_ms: store time of the first indexed record
+    "Q"  # 48  end_ms: store time of the last indexed record
+    "Q"  # 56  reserved
+)
+INDEX_ENTRY: Final = struct.Struct(
+    "<"
+    "Q"  # 0   key_hash: hash of (kind, key)
+    "Q"  # 8   phys: commit-log offset of the record
+    "I"  # 16  prev: 1-based number of the previous entry in this chain, 0 = end
+    "I"  # 20  store_s: store time in seconds (low 32 bits), for window filtering
+)
+# 1-based number of the newest entry in the slot's chain, 0 = empty.
 SLOT: Final = struct.Struct("<I")
 assert INDEX_HEADER.size == 64
 assert INDEX_ENTRY.size == 24

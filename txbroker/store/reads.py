@@ -2,10 +2,7 @@
 
 Reads of recent data (the last ``hot_read_bytes`` of the log) come straight from the mapping
 on the event loop; older reads go to a worker thread. Consumers see only records below
-:attr:`StoreReads.readable_offset`: in sync flush mode the durable ones.
-
-Separate from ``MessageStore`` (which extends this class) because reading shares nothing with
-appending, opening or maintenance but the parts in ``StoreCore``.
+``Flusher.readable_offset``: in sync flush mode the durable ones.
 """
 
 from __future__ import annotations
@@ -17,9 +14,12 @@ import msgspec
 
 from txbroker.errors import InvalidArgument, InvalidOffset, NotFound
 from txbroker.protocol.names import validate_topic
-from txbroker.store.consumequeue import tag_hash
-from txbroker.store.core import StoreCore
-from txbroker.store.keyindex import KeyKind
+from txbroker.store.commitlog import CommitLog
+from txbroker.store.config import StoreConfig
+from txbroker.store.consumequeue import ConsumeQueues, tag_hash
+from txbroker.store.fences import Fences
+from txbroker.store.flush import Flusher
+from txbroker.store.keyindex import KeyIndex, KeyKind
 from txbroker.store.record import (
     PROP_IDEMPOTENCY_KEY,
     PROP_INTERNAL_KEY,
@@ -28,8 +28,9 @@ from txbroker.store.record import (
     StoredMessage,
     decode_record,
 )
+from txbroker.store.state import Lifecycle
 
-__all__ = ["GetResult", "StoreReads"]
+__all__ = ["GetResult", "Reader"]
 
 
 class GetResult(msgspec.Struct, frozen=True):
@@ -39,20 +40,38 @@ class GetResult(msgspec.Struct, frozen=True):
     max_offset: int
 
 
-class StoreReads(StoreCore):
+class Reader:
+    def __init__(
+        self,
+        config: StoreConfig,
+        commitlog: CommitLog,
+        index: KeyIndex,
+        queues: ConsumeQueues,
+        fences: Fences,
+        flusher: Flusher,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._log = commitlog
+        self._index = index
+        self._queues = queues.by_key
+        self._fences = fences
+        self._flusher = flusher
+        self._lifecycle = lifecycle
+        self._hot_bytes = config.hot_read_bytes
+
     def _is_hot(self, phys: int) -> bool:
-        return phys >= self.log.write_pos - self.config.hot_read_bytes
+        return phys >= self._log.write_pos - self._hot_bytes
 
     async def read(self, physical_offset: int) -> StoredMessage:
         """The record at a physical offset (as returned by :meth:`append`)."""
         if type(physical_offset) is not int or physical_offset < 0:
             raise InvalidOffset(f"physical offset must be a non-negative int: {physical_offset!r}")
-        self._check_readable()
+        self._lifecycle.check_readable()
         if self._is_hot(physical_offset):
-            data = self.log.read_inline(physical_offset)
+            data = self._log.read_inline(physical_offset)
         else:
             loop = asyncio.get_running_loop()
-            data = await loop.run_in_executor(None, self.log.read_cold, physical_offset)
+            data = await loop.run_in_executor(None, self._log.read_cold, physical_offset)
         return decode_record(data)
 
     async def get_messages(
@@ -72,14 +91,14 @@ class StoreReads(StoreCore):
             raise InvalidOffset(f"queue offset must be a non-negative int: {offset!r}")
         if max_count <= 0:
             raise InvalidArgument("max_count must be positive")
-        self._check_readable()
-        cq = self.queues.get((topic, queue_id))
+        self._lifecycle.check_readable()
+        cq = self._queues.get((topic, queue_id))
         if cq is None:
-            start = self.fences.start(topic, queue_id)
+            start = self._fences.start(topic, queue_id)
             return GetResult([], max(offset, start), start, start)
         hashes = {tag_hash(t) for t in tags} if tags is not None else None
         entries, next_off = cq.read(offset, max_count, hashes)
-        limit = self.readable_offset
+        limit = self._flusher.readable_offset
         for i, e in enumerate(entries):
             if e[1] >= limit:  # not durable yet: a consumer must not act on it
                 entries, next_off = entries[:i], e[0]
@@ -87,35 +106,38 @@ class StoreReads(StoreCore):
         if not entries:
             return GetResult([], max(next_off, cq.min_offset), cq.min_offset, cq.max_offset)
         if all(self._is_hot(e[1]) for e in entries):
-            raws = [self.log.read_inline(e[1]) for e in entries]
+            raws = [self._log.read_inline(e[1]) for e in entries]
         else:
             loop = asyncio.get_running_loop()
             raws = await loop.run_in_executor(
-                None, lambda: [self.log.read_cold(e[1]) for e in entries]
+                None, lambda: [self._log.read_cold(e[1]) for e in entries]
             )
         msgs = [decode_record(r) for r in raws]
-        if self.fences:
+        if self._fences:
             # Copies in internal queues of a deleted topic's messages (and anything read while
             # the topic was being deleted) are skipped; next_offset moves past them.
             msgs = [
-                m for m in msgs if not self.fences.is_dead(m.topic, m.properties, m.physical_offset)
+                m
+                for m in msgs
+                if not self._fences.is_dead(m.topic, m.properties, m.physical_offset)
             ]
         return GetResult(msgs, next_off, cq.min_offset, cq.max_offset)
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min, max) queue offsets: readable messages are min <= offset < max."""
-        cq = self.queues.get((topic, queue_id))
+        cq = self._queues.get((topic, queue_id))
         if cq is None:  # nothing stored yet (a re-created topic's queues start on, fences.py)
-            start = self.fences.start(topic, queue_id)
+            start = self._fences.start(topic, queue_id)
             return (start, start)
-        if self._cut_at is not None:  # the store failed: what it cut off is not counted
-            return (cq.min_offset, max(cq.first_at_or_after(self._cut_at), cq.min_offset))
+        cut = self._flusher.cut_at
+        if cut is not None:  # the store failed: what it cut off is not counted
+            return (cq.min_offset, max(cq.first_at_or_after(cut), cq.min_offset))
         return (cq.min_offset, cq.max_offset)
 
     def may_hold(self, kind: KeyKind, key: str) -> bool:
         """False when no message has ``key`` (no I/O); True means :meth:`lookup` may find one
         (the index matches 64-bit hashes, so a True is checked by reading the record)."""
-        return bool(self.index.find(kind, key, 1))
+        return bool(self._index.find(kind, key, 1))
 
     async def lookup(
         self, kind: KeyKind, key: str, *, limit: int = 32, since_ms: int = 0
@@ -123,18 +145,21 @@ class StoreReads(StoreCore):
         """Messages whose key, message id or idempotency key equals ``key``, newest first."""
         if not isinstance(key, str) or not key:
             raise InvalidArgument("lookup key must be a non-empty string")
-        self._check_readable()
+        self._lifecycle.check_readable()
         seen: set[int] = set()
         out: list[StoredMessage] = []
-        for phys in self.index.find(kind, key, limit * 4, since_ms):
-            if phys in seen or phys < self.log.min_offset or phys >= self.log.write_pos:
+        # The index holds entries for a failed write's records (added as they were written):
+        # they end at its cut, not at the end of the log.
+        end = self._flusher.end
+        for phys in self._index.find(kind, key, limit * 4, since_ms):
+            if phys in seen or phys < self._log.min_offset or phys >= end:
                 continue
             seen.add(phys)
             try:
                 msg = await self.read(phys)
             except (NotFound, InvalidOffset):
                 continue
-            if kind is not KeyKind.INTERNAL and self.fences.is_dead(
+            if kind is not KeyKind.INTERNAL and self._fences.is_dead(
                 msg.topic, msg.properties, phys
             ):
                 # A deleted topic's message is gone for readers. Internal keys still find it:
@@ -146,22 +171,6 @@ class StoreReads(StoreCore):
                 if len(out) >= limit:
                     break
         return out
-
-    @property
-    def readable_offset(self) -> int:
-        """Consumers see records below this: in sync mode only durable ones, so no consumer
-        ever acts on a record a power loss could still take back; in async mode all. With
-        sync replication only those enough slaves hold, so no consumer acts on a record a
-        failover could still take back. Never past where a failed write cut the log (see
-        ``TailCut``)."""
-        if self._sync:
-            end = self._committer.flushed if self._committer else 0
-        else:
-            end = self.log.write_pos
-        gate = self.replication_gate
-        if gate is not None:
-            end = min(end, gate.covered)
-        return end if self._cut_at is None else min(end, self._cut_at)
 
 
 def _has_key(msg: StoredMessage, kind: KeyKind, key: str) -> bool:

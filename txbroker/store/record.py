@@ -1,27 +1,10 @@
 """The commit-log record: its byte layout, limits, encoder and decoder. Written once, here.
 
-A record is a fixed 56-byte header followed by three variable parts::
-
-    offset size field              meaning
-    0      4    total_size  u32    whole record in bytes, header included
-    4      4    magic       u32    MAGIC_MESSAGE, or MAGIC_BLANK for end-of-segment filler
-    8      4    crc         u32    CRC32C (Castagnoli) of bytes [12, total_size)
-    12     2    flags       u16    RecordFlag bits (kind of record: normal, half, tx op, ...)
-    14     2    queue_id    u16    queue within the topic
-    16     8    queue_off   u64    position of this record in its consume queue
-    24     8    phys_off    u64    position of this record in the commit log (self-check)
-    32     8    born_ms     u64    producer's clock when the message was created (ms)
-    40     8    store_ms    u64    broker's clock when the record was appended (ms)
-    48     4    body_len    u32    length of body
-    52     2    props_len   u16    length of the msgpack-encoded property map (0 = empty)
-    54     2    topic_len   u16    length of the UTF-8 topic name
-    56     ...  topic, properties, body
-
-All integers are little-endian. ``total_size == 56 + topic_len + props_len + body_len`` always;
-the redundancy is a second check beside the CRC. A record never spans segments: when the next
-one does not fit, a BLANK record (size + magic only, no CRC) fills the segment's remainder; if
-fewer than 8 bytes remain there is no room for it, and readers treat any remainder smaller than
-a header as the end of the segment.
+A record is a fixed 56-byte header (``HEADER``, one comment per field) followed by the topic,
+the properties and the body. ``total_size == 56 + topic_len + props_len + body_len`` always,
+a second check beside the CRC. A record never spans segments: when the next one does not fit,
+a BLANK record (size + magic only, no CRC) fills the segment's remainder; a remainder smaller
+than a header is the end of the segment too. All integers are little-endian.
 """
 
 from __future__ import annotations
@@ -65,9 +48,26 @@ Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 # --- layout ---------------------------------------------------------------------------------
 
 # Split in two so the CRC can be computed over META before PREFIX (which holds the CRC) is packed.
-PREFIX: Final = struct.Struct("<III")  # total_size, magic, crc
-META: Final = struct.Struct("<HHQQQQIHH")  # flags .. topic_len, as in the table above
-HEADER: Final = struct.Struct("<III" + "HHQQQQIHH")
+_PREFIX_FORMAT: Final = (
+    "<"
+    "I"  # 0   total_size: whole record in bytes, header included
+    "I"  # 4   magic: MAGIC_MESSAGE, or MAGIC_BLANK for end-of-segment filler
+    "I"  # 8   crc: CRC32C (Castagnoli) of bytes [12, total_size)
+)
+_META_FORMAT: Final = (
+    "H"  # 12  flags: RecordFlag bits (kind of record: normal, half, tx op, ...)
+    "H"  # 14  queue_id: queue within the topic
+    "Q"  # 16  queue_off: position of this record in its consume queue
+    "Q"  # 24  phys_off: position of this record in the commit log (self-check)
+    "Q"  # 32  born_ms: producer's clock when the message was created
+    "Q"  # 40  store_ms: broker's clock when the record was appended
+    "I"  # 48  body_len: length of the body
+    "H"  # 52  props_len: length of the msgpack-encoded property map (0 = empty)
+    "H"  # 54  topic_len: length of the UTF-8 topic name; topic, properties, body follow
+)
+PREFIX: Final = struct.Struct(_PREFIX_FORMAT)
+META: Final = struct.Struct("<" + _META_FORMAT)
+HEADER: Final = struct.Struct(_PREFIX_FORMAT + _META_FORMAT)
 SIZE_MAGIC: Final = struct.Struct("<II")  # enough to classify a position: size + magic
 CRC_START: Final = 12  # the CRC covers [CRC_START, total_size)
 
@@ -108,7 +108,7 @@ KEY_SEPARATOR: Final = " "
 
 
 class RecordFlag(enum.IntFlag):
-    """What kind of record this is. Transactions (issue 4) use the TX bits."""
+    """What kind of record this is. Transactions use the TX bits."""
 
     NONE = 0
     TX_HALF = 1  # a prepared (half) message, stored in the internal half topic

@@ -18,20 +18,12 @@ from typing import Final
 import msgspec
 
 from txbroker.errors import CorruptLog
+from txbroker.store.append import UNINDEXED, index_record
 from txbroker.store.checkpoint import Checkpoint, queue_key, read_checkpoint
 from txbroker.store.commitlog import CommitLog, ScanEnd, ScannedRecord
-from txbroker.store.consumequeue import ConsumeQueue, tag_hash
+from txbroker.store.consumequeue import ConsumeQueue, ConsumeQueues
 from txbroker.store.fences import Fences
-from txbroker.store.keyindex import KeyIndex, KeyKind
-from txbroker.store.record import (
-    KEY_SEPARATOR,
-    PROP_IDEMPOTENCY_KEY,
-    PROP_INTERNAL_KEY,
-    PROP_KEYS,
-    PROP_MESSAGE_ID,
-    PROP_TAGS,
-    RecordFlag,
-)
+from txbroker.store.keyindex import KeyIndex
 
 __all__ = ["Phase", "RecoveryReport", "live_targets", "recover", "replay"]
 
@@ -74,59 +66,21 @@ class RecoveryReport:
         self.phase = to
 
 
-def dispatch(
-    queue: ConsumeQueue,
-    index: KeyIndex,
-    props: dict[str, str],
-    phys: int,
-    size: int,
-    qoff: int,
-    store_ms: int,
-    *,
-    to_queue: bool = True,
-    to_index: bool = True,
-) -> None:
-    """Record one stored message in its consume queue and the key index. Shared by appends
-    and replay, so both build byte-identical queues."""
-    if to_queue:
-        queue.put(qoff, phys, size, tag_hash(props.get(PROP_TAGS)))
-    if to_index:
-        mid = props.get(PROP_MESSAGE_ID)
-        if mid:
-            index.add(KeyKind.MESSAGE_ID, mid, phys, store_ms)
-        keys = props.get(PROP_KEYS)
-        if keys:
-            for k in keys.split(KEY_SEPARATOR):
-                if k:
-                    index.add(KeyKind.KEY, k, phys, store_ms)
-        ik = props.get(PROP_IDEMPOTENCY_KEY)
-        if ik:
-            index.add(KeyKind.IDEMPOTENCY_KEY, ik, phys, store_ms)
-        ix = props.get(PROP_INTERNAL_KEY)
-        if ix:
-            index.add(KeyKind.INTERNAL, ix, phys, store_ms)
-
-
 def replay(
     rec: ScannedRecord,
-    queues: dict[tuple[str, int], ConsumeQueue],
+    queues: ConsumeQueues,
     index: KeyIndex,
-    cq_root: Path,
-    cq_per_file: int,
-    fences: Fences,
     to_queue: bool,
     to_index: bool,
 ) -> ConsumeQueue:
-    """Dispatch one record read back from the log (a recovery scan, or bytes a replica
-    received from its master, see ``replica.py``): its queue, created if new, and the key
-    index; returns the queue."""
+    """Index one record read back from the log (a recovery scan, or bytes a replica received
+    from its master, see ``replication.py``) as its append did; returns its queue."""
     qkey = (rec.topic, rec.queue_id)
-    cq = queues.get(qkey)
+    cq = queues.by_key.get(qkey)
     if cq is None:
-        start = fences.start(*qkey)
-        cq = queues[qkey] = ConsumeQueue(cq_root, *qkey, cq_per_file, start)
+        cq = queues.by_key[qkey] = queues.new(*qkey)
     props = _props_decoder.decode(rec.props) if rec.props else {}
-    dispatch(
+    index_record(
         cq,
         index,
         props,
@@ -142,41 +96,17 @@ def replay(
 
 def live_targets(rec: ScannedRecord, fences: Fences) -> tuple[bool, bool]:
     """(to_queue, to_index) for a record past the checkpoint: what an append did with it.
-    Half messages are not indexed (see store._UNINDEXED); a deleted topic's records get no
+    Half messages are not indexed (``append.UNINDEXED``); a deleted topic's records get no
     queue entry."""
     to_queue = not (fences and fences.is_dead_at(rec.topic, rec.phys))
-    return to_queue, not rec.flags & RecordFlag.TX_HALF
-
-
-def load_queues(root: Path, per_file: int) -> dict[tuple[str, int], ConsumeQueue]:
-    queues: dict[tuple[str, int], ConsumeQueue] = {}
-    if not root.exists():
-        return queues
-    for tdir in sorted(root.iterdir()):
-        if not tdir.is_dir():
-            continue
-        for qdir in sorted(tdir.iterdir()):
-            if qdir.is_dir() and qdir.name.isdigit():
-                cq = ConsumeQueue(root, tdir.name, int(qdir.name), per_file)
-                try:
-                    cq.load()
-                except CorruptLog as e:
-                    # Derived data: drop it, and the checkpoint comparison rebuilds it.
-                    log.warning("%s; rebuilding it from the commit log", e)
-                    cq.close()
-                    shutil.rmtree(qdir)
-                    continue
-                queues[(tdir.name, int(qdir.name))] = cq
-    return queues
+    return to_queue, not rec.flags & UNINDEXED
 
 
 def recover(
     data_dir: Path,
     commitlog: CommitLog,
-    queues: dict[tuple[str, int], ConsumeQueue],
+    queue_set: ConsumeQueues,
     index: KeyIndex,
-    cq_root: Path,
-    cq_per_file: int,
     abnormal: bool,
     truncate_damage: bool = False,
     fences: Fences | None = None,
@@ -187,6 +117,7 @@ def recover(
     write cut the log (see ``TailCut``); nothing from there on was acknowledged."""
     t0 = time.perf_counter()
     fences = fences or Fences()
+    queues, cq_root = queue_set.by_key, queue_set.root
     rep = RecoveryReport(abnormal=abnormal)
     _drop_dead_queues(queues, fences, cq_root)
     cp = read_checkpoint(data_dir)
@@ -243,7 +174,8 @@ def recover(
     n = 0
     cut = cut_at if cut_at is not None and cut_at >= commitlog.min_offset else None
     if cut is not None and cut < p:
-        # A checkpoint past the cut: written by a failed store's close before that was fixed.
+        # A checkpoint past the cut (a failed store's close must never write one, but a
+        # directory may come from a version that did).
         # The cut stands (nothing from there on was acknowledged); recover from it, so the
         # queue entries between it and the checkpoint are dropped too.
         log.warning("checkpoint at %d lies past the cut at %d: recovering from the cut", p, cut)
@@ -259,11 +191,11 @@ def recover(
         to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
         if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
             to_queue = False  # its topic was deleted; the index keeps it for internal keys
-        # Half messages are not indexed (see store._UNINDEXED); replay must build the same index.
-        to_index = (past_cp or rebuild_index) and not rec.flags & RecordFlag.TX_HALF
+        # Half messages are not indexed (append.UNINDEXED); replay must build the same index.
+        to_index = (past_cp or rebuild_index) and not rec.flags & UNINDEXED
         if not (to_queue or to_index):
             continue
-        replay(rec, queues, index, cq_root, cq_per_file, fences, to_queue, to_index)
+        replay(rec, queue_set, index, to_queue, to_index)
         n += 1
     rep.records_replayed = n
     end, reason = end_out[-1]

@@ -1,18 +1,13 @@
 """The message store: the one object the broker talks to for durable messages.
 
-Appends run on the event loop: encode, copy into the mapped segment, index; then, in ``sync``
-mode, wait for the group commit that covers the record. Reads of recent data come straight
-from the mapping; older reads go to a worker thread. A background task checkpoints and applies
-retention.
+``MessageStore`` owns the store's parts and delegates to them: the commit log, the consume
+queues, the key index, the ``Flusher`` (group commit, replication gate, the failed write's
+cut), the ``Appender``, the ``Reader``, the ``Checkpointer``, ``Retention``, ``TopicDeletion``
+and ``Replication``. It opens and recovers them, runs their housekeeping, closes them.
 
     store = await MessageStore.open(StoreConfig(Path("data")))
     res = await store.append(Message(topic="orders", body=b"..."))
-    got = await store.get_messages("orders", 0, 0, max_count=32)
     await store.close()
-
-This module holds opening (lock, recovery), closing, and the append path. ``MessageStore``
-extends the read paths (``txbroker.store.reads``) and the checkpoints and retention
-(``txbroker.store.maintenance``), which share its parts through ``txbroker.store.core``.
 """
 
 from __future__ import annotations
@@ -23,72 +18,76 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Final, NoReturn, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
-import msgspec
-
-from txbroker.errors import (
-    InvalidArgument,
-    MessageTooLarge,
-    NotMaster,
-    StoreFailed,
-    StoreLocked,
+from txbroker.errors import NotMaster, StoreFailed, StoreLocked
+from txbroker.store.append import Appender, AppendResult
+from txbroker.store.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    ShutdownMarker,
+    TailCut,
+    write_checkpoint,
 )
-from txbroker.protocol.ids import new_id
-from txbroker.protocol.names import validate_topic
-from txbroker.store.checkpoint import write_checkpoint
-from txbroker.store.config import StoreConfig
-from txbroker.store.consumequeue import ConsumeQueue
-from txbroker.store.core import StoreState
-from txbroker.store.deletion import StoreDeletion
-from txbroker.store.fences import Fences, TopicFence
-from txbroker.store.flush import GroupCommitter
-from txbroker.store.maintenance import StoreMaintenance, unlink_all
+from txbroker.store.commitlog import CommitLog
+from txbroker.store.config import FlushMode, StoreConfig
+from txbroker.store.consumequeue import ConsumeQueues
+from txbroker.store.fences import Fences, TopicDeletion, TopicFence
+from txbroker.store.flush import Flusher, GroupCommitter, ReplicationGate
+from txbroker.store.keyindex import KeyIndex, KeyKind
 from txbroker.store.mapped import MappedFile
-from txbroker.store.reads import StoreReads
-from txbroker.store.record import (
-    HEADER,
-    KEY_SEPARATOR,
-    MAX_QUEUE_ID,
-    PROP_IDEMPOTENCY_KEY,
-    PROP_INTERNAL_KEY,
-    PROP_KEYS,
-    PROP_MESSAGE_ID,
-    Message,
-    RecordFlag,
-    encode_properties,
-)
-from txbroker.store.recovery import dispatch, load_queues, recover
-from txbroker.store.replica import StoreReplication
+from txbroker.store.reads import GetResult, Reader
+from txbroker.store.record import Message, StoredMessage
+from txbroker.store.recovery import RecoveryReport, recover
+from txbroker.store.replication import Replication
+from txbroker.store.retention import Retention, RetentionHook, RetentionReport, unlink_all
+from txbroker.store.state import Lifecycle, StoreState
 
 __all__ = ["AppendResult", "MessageStore"]
 
 log = logging.getLogger(__name__)
 
 
-# Output of MessageStore._prepare: topic, topic bytes, body, queue id, flags, born ms,
-# properties, encoded properties, message id.
-_Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], bytes, str]
+class MessageStore:
+    def __init__(self, config: StoreConfig, fences: Mapping[str, TopicFence] | None = None) -> None:
+        self.config = config
+        self.dir = Path(config.data_dir)
+        sync = config.flush is FlushMode.SYNC
+        self._lifecycle = lifecycle = Lifecycle()
+        self.fences = Fences(fences)  # deleted topics (see fences.py)
+        self.log = CommitLog(self.dir / "commitlog", config.segment_bytes, buffered=sync)
+        self.index = KeyIndex(self.dir / "index", config.index_slots, config.index_capacity)
+        self._queues = ConsumeQueues(
+            self.dir / "consumequeue", config.cq_entries_per_file, self.fences
+        )
+        self.queues = self._queues.by_key  # (topic, queue id) -> ConsumeQueue
+        self._flusher = flusher = Flusher(self.log, sync, TailCut(self.dir), lifecycle)
+        self._appender = Appender(config, self.log, self.index, self._queues, flusher)
+        self._reader = Reader(
+            config, self.log, self.index, self._queues, self.fences, flusher, lifecycle
+        )
+        self._checkpointer = Checkpointer(
+            self.dir, self.log, self.index, self._queues, flusher, lifecycle
+        )
+        self._retention = Retention(
+            config, self.log, self.index, self._queues, flusher, lifecycle, self._checkpointer
+        )
+        self._deletion = TopicDeletion(self.log, self._queues, self.fences, lifecycle)
+        self._replication = Replication(
+            self.log, self.index, self._queues, self.fences, flusher, lifecycle
+        )
+        self._marker = ShutdownMarker(self.dir)
+        self._lock_fd = -1
+        self._tasks: list[asyncio.Task[None]] = []
+        self.recovery: RecoveryReport | None = None
+        # The role check at the append entry (follow/unfollow): a master that needs none pays
+        # one attribute test (``_guarded``). ``_refusal`` refuses every append of a follower;
+        # ``_lease_fence`` raises to refuse one (an elected master whose lease may have ended).
+        self._guarded = False
+        self._refusal: str | None = None
+        self._lease_fence: Callable[[], None] | None = None
 
-
-# Half messages are never looked up by key or id (their committed copies are), so they are not
-# indexed: saves index space and time on the transaction hot path.
-_UNINDEXED: Final = int(RecordFlag.TX_HALF)
-_HEADER_BYTES: Final = HEADER.size
-
-
-class AppendResult(msgspec.Struct, frozen=True, gc=False):
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    size: int
-    message_id: str
-    store_timestamp_ms: int
-
-
-class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication):
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
@@ -97,19 +96,17 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
     ) -> MessageStore:
         """Open (and recover) the store in ``config.data_dir``. ``fences``: the deleted topics'
         fences, as persisted by the topic registry (see ``txbroker.store.fences``)."""
-        store = cls(config)
-        store.fences = Fences(fences)
+        store = cls(config, fences)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, store._open_files)
         except BaseException:
             await loop.run_in_executor(None, store._close_files_quietly)
             raise
-        store._committer = GroupCommitter(loop, store.log)
-        store._committer.on_failure = store._on_commit_failure
-        store._transition(StoreState.OPEN)
+        store._flusher.start(loop)
+        store._lifecycle.advance(StoreState.OPEN)
         store._tasks.append(asyncio.create_task(store._housekeeping(), name="txb-store-house"))
-        if not store._sync:
+        if config.flush is not FlushMode.SYNC:
             store._tasks.append(asyncio.create_task(store._interval_flush(), name="txb-flush"))
         return store
 
@@ -122,24 +119,22 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise StoreLocked(f"{self.dir} is in use by another process") from e
-        self._transition(StoreState.RECOVERING)
+        self._lifecycle.advance(StoreState.RECOVERING)
         abnormal = self._marker.was_abnormal()
         self.log.load()
         self.index.load()
-        self.queues = load_queues(self._cq_root, self.config.cq_entries_per_file)
-        self.recovery = recover(
+        self._queues.load()
+        tail_cut = TailCut(self.dir)
+        self.recovery = rep = recover(
             self.dir,
             self.log,
-            self.queues,
+            self._queues,
             self.index,
-            self._cq_root,
-            self.config.cq_entries_per_file,
             abnormal,
             self.config.truncate_damaged_tail,
             self.fences,
-            self._tail_cut.read(),
+            tail_cut.read(),
         )
-        rep = self.recovery
         if rep.records_replayed or rep.queues_rebuilt or rep.index_rebuilt or abnormal:
             for cq in self.queues.values():
                 cq.sync(everything=True)
@@ -162,8 +157,8 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
             dead.extend(cq.drop_before_phys(self.log.min_offset))
         dead.extend(self.index.drop_before_phys(self.log.min_offset))
         unlink_all(dead)
-        write_checkpoint(self.dir, self._checkpoint_now())
-        self._tail_cut.clear()  # applied and durable (the log and the checkpoint above)
+        write_checkpoint(self.dir, self._checkpointer.now())
+        tail_cut.clear()  # applied and durable (the log and the checkpoint above)
         self._marker.set()
 
     def _close_files_quietly(self) -> None:
@@ -171,8 +166,7 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
             self._close_files()
 
     def _close_files(self) -> None:
-        for cq in self.queues.values():
-            cq.close()
+        self._queues.close()
         self.index.close()
         self.log.close()
         if self._lock_fd >= 0:
@@ -181,46 +175,48 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
 
     async def close(self) -> None:
         """Flush everything, write a final checkpoint, mark the shutdown clean."""
-        if self._state in (StoreState.CLOSING, StoreState.CLOSED):
+        lifecycle = self._lifecycle
+        if lifecycle.state in (StoreState.CLOSING, StoreState.CLOSED):
             return
-        if self._state is StoreState.CREATED:
-            self._transition(StoreState.CLOSED)
+        if lifecycle.state is StoreState.CREATED:
+            lifecycle.advance(StoreState.CLOSED)
             return
-        assert self._committer is not None
+        committer = self.committer
         # A failed store writes no checkpoint: its log ends at the cut (TailCut), and a
         # checkpoint past it would make the next open ignore the cut and keep queue entries
         # for records that were never written (or that their producers were told failed).
         clean = (
-            self._state is StoreState.OPEN
-            and self._committer.failure is None
-            and self._cut_at is None
+            lifecycle.state is StoreState.OPEN
+            and committer.failure is None
+            and self._flusher.cut_at is None
         )
-        self._transition(StoreState.CLOSING)
+        lifecycle.advance(StoreState.CLOSING)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        assert self._committer is not None
         loop = asyncio.get_running_loop()
         if clean:
-            await self._committer.drain()
-            cp = self._checkpoint_now()
+            await committer.drain()
+            cp = self._checkpointer.now()
             dirty = list(self.queues.values())
-            await self._committer.run_in_durable_thread(lambda: self._make_durable(cp, dirty))
-            if self._committer.failure is None:
+            await committer.run_in_durable_thread(
+                lambda: self._checkpointer.make_durable(cp, dirty)
+            )
+            if committer.failure is None:
                 await loop.run_in_executor(None, self._marker.clear)
-        self._committer.close()
+        committer.close()
         await loop.run_in_executor(None, self._close_files)
-        self._transition(StoreState.CLOSED)
+        lifecycle.advance(StoreState.CLOSED)
 
     def abandon(self) -> None:
         """Drop the store as a kill -9 would: no final flush, no checkpoint, the shutdown marker
         left in place, buffered (unacknowledged) records lost. For crash tests in one process."""
         for t in self._tasks:
             t.cancel()
-        if self._committer is not None:
-            self._committer.close()
+        if self._flusher.committer is not None:
+            self._flusher.committer.close()
         self._close_files()
-        self._state = StoreState.CLOSED
+        self._lifecycle.state = StoreState.CLOSED
 
     async def __aenter__(self) -> MessageStore:
         return self
@@ -228,254 +224,220 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _housekeeping(self) -> None:
+        """Checkpoint every ``checkpoint_interval_ms``; apply retention every
+        ``retention_check_interval_ms``, after a checkpoint."""
+        cfg = self.config
+        next_retention = time.monotonic() + cfg.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(cfg.checkpoint_interval_ms / 1000)
+            try:
+                await self._checkpointer.checkpoint()
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + cfg.retention_check_interval_ms / 1000
+                    rep = await self._retention.enforce()
+                    if rep.segments_deleted:
+                        log.info("retention deleted %d segments", rep.segments_deleted)
+            except StoreFailed:
+                if self._lifecycle.state is not StoreState.OPEN:
+                    return  # failed: nothing more to make durable until a restart
+                log.exception("store housekeeping failed")  # an append refused: retried
+            except Exception:  # keep housekeeping alive; the next round retries
+                log.exception("store housekeeping failed")
+
+    async def _interval_flush(self) -> None:
+        """Async flush mode: flush what is written every ``flush_interval_ms``."""
+        committer = self.committer
+        while True:
+            await asyncio.sleep(self.config.flush_interval_ms / 1000)
+            committer.request_flush()
+
     # --- append ---------------------------------------------------------------------------
 
     def append_nowait(self, msg: Message) -> AppendResult:
         """Append without waiting for durability (see :meth:`durable`). All checks run before
         anything is written, so a rejected message leaves the store untouched."""
-        self._check_open()
-        p = self._prepare(msg)
-        return self._write_all((p,))[0]
-
-    def validate(self, msg: Message) -> None:
-        """Raise what :meth:`append` would raise for ``msg``'s content, writing nothing."""
-        self._prepare(msg)
-
-    def _prepare(self, msg: Message) -> _Prepared:
-        """Validate and encode what does not depend on the log position."""
-        if not isinstance(msg, Message):
-            raise InvalidArgument(f"expected a Message, got {type(msg).__name__}")
-        topic = msg.topic
-        tb = self._topic_bytes.get(topic)
-        if tb is None:
-            validate_topic(topic)
-            tb = self._topic_bytes[topic] = topic.encode()
-        body: object = msg.body
-        if type(body) is not bytes:
-            if not isinstance(body, bytearray | memoryview):
-                raise InvalidArgument(f"body must be bytes, not {type(body).__name__}")
-            body = bytes(body)
-        if len(body) > self._max_body:
-            raise MessageTooLarge(
-                f"message body is {len(body)} bytes; the limit is {self._max_body}"
-            )
-        qid = msg.queue_id
-        if type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID:
-            raise InvalidArgument(f"queue_id must be an int in 0..{MAX_QUEUE_ID}, not {qid!r}")
-        flags = msg.flags
-        if not isinstance(flags, int) or not 0 <= flags <= 0xFFFF:  # RecordFlag is an int
-            raise InvalidArgument(f"flags must be an int in 0..65535, not {flags!r}")
-        born = msg.born_timestamp_ms
-        if type(born) is not int or born < 0:
-            raise InvalidArgument(f"born_timestamp_ms must be a non-negative int, not {born!r}")
-        props = msg.properties
-        if not isinstance(props, dict):
-            raise InvalidArgument(f"properties must be a dict, not {type(props).__name__}")
-        mid = props.get(PROP_MESSAGE_ID)
-        if not mid:
-            mid = new_id()
-            props = {**props, PROP_MESSAGE_ID: mid}
-        return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
-
-    def _write_all(self, batch: Sequence[_Prepared]) -> list[AppendResult]:
-        """Append every record of ``batch`` or none. Everything that can fail for want of
-        space or permission (a log segment, a queue file, a key-index file) is created first;
-        if that fails, nothing was written, the store stays open, and the next append tries
-        again (a full disk refuses appends until space comes back). Only an I/O error while
-        writing what was reserved fails the store (see :meth:`_fail_write`)."""
-        try:
-            queues = self._reserve(batch)
-        except (OSError, StoreFailed) as e:
-            raise StoreFailed(f"append refused, nothing was written: {e}") from e
-        first = self.log.write_pos
-        try:
-            return self._write(batch, queues)
-        except (OSError, StoreFailed) as e:
-            self._fail_write(e, first)
-
-    def _reserve(self, batch: Sequence[_Prepared]) -> dict[tuple[str, int], ConsumeQueue]:
-        """Create the files ``batch`` will be written to (see :meth:`_write_all`); return its
-        consume queues, new ones included (they join the store when a record is written)."""
-        sizes: list[int] = []
-        counts: dict[tuple[str, int], int] = {}
-        entries = 0
-        for topic, tb, body, qid, flags, _born, props, props_b, _mid in batch:
-            sizes.append(_HEADER_BYTES + len(tb) + len(props_b) + len(body))
-            counts[(topic, qid)] = counts.get((topic, qid), 0) + 1
-            if not flags & _UNINDEXED:  # as dispatch() indexes it (an upper bound)
-                keys = props.get(PROP_KEYS)
-                entries += 1 + (keys.count(KEY_SEPARATOR) + 1 if keys else 0)
-                entries += (PROP_IDEMPOTENCY_KEY in props) + (PROP_INTERNAL_KEY in props)
-        phys = self.log.reserve(sizes)
-        queues: dict[tuple[str, int], ConsumeQueue] = {}
-        for key, n in counts.items():
-            cq = self.queues.get(key)
-            if cq is None:
-                topic, qid = key
-                start = self.fences.start(topic, qid)
-                cq = ConsumeQueue(self._cq_root, topic, qid, self.config.cq_entries_per_file, start)
-            cq.reserve(n)
-            queues[key] = cq
-        self.index.reserve(entries, phys)
-        return queues
-
-    def _write(
-        self, batch: Sequence[_Prepared], queues: dict[tuple[str, int], ConsumeQueue]
-    ) -> list[AppendResult]:
-        """Write the reserved records, each to the log, its consume queue and the key index.
-        One clock reading stamps the batch, and what does not change from record to record is
-        looked up once: this is the append hot path, where every message's cost passes."""
-        store_ms = time.time_ns() // 1_000_000
-        append = self.log.append
-        index = self.index
-        known = self.queues
-        out: list[AppendResult] = []
-        for topic, tb, body, qid, flags, born, props, props_b, mid in batch:
-            key = (topic, qid)
-            cq = queues[key]
-            qoff = cq.max_offset
-            phys, size = append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
-            if known.get(key) is not cq:
-                known[key] = cq
-            dispatch(cq, index, props, phys, size, qoff, store_ms, to_index=not flags & _UNINDEXED)
-            out.append(AppendResult(topic, qid, qoff, phys, size, mid, store_ms))
-        self._dirty_queues.update(queues.values())
-        return out
-
-    def _fail_write(self, e: BaseException, first: int) -> NoReturn:
-        """A write the reservation made safe failed all the same (an I/O error): part of the
-        batch may be in the log and not in its queue, which cannot be undone safely in place.
-        Stop appending, and cut the log durably where nothing after was acknowledged, so no
-        restart delivers what the client was told failed: in sync flush mode from the flushed
-        offset (nothing past it was acknowledged), else from the batch's first record."""
-        failure = e if isinstance(e, StoreFailed) else StoreFailed(f"append failed: {e}")
-        if failure is not e:
-            failure.__cause__ = e
-        assert self._committer is not None
-        self._cut_tail(self._committer.flushed if self._sync else first)
-        self._committer.poison(failure)  # calls _on_commit_failure: the store is FAILED
-        if self._state is StoreState.OPEN:  # the committer had failed already
-            self._transition(StoreState.FAILED)
-        raise failure from None
-
-    def _on_commit_failure(self) -> None:
-        """The group committer failed (a write or an fdatasync of the log, or the syncer
-        died), or a write did: in sync mode nothing past the flushed offset was acknowledged,
-        so cut the log there; and the store is FAILED from now on, not at its next append, so
-        nothing (a close, a checkpoint) treats it as healthy."""
-        if self._sync:
-            self._cut_tail(self.flushed_offset)
-        if self._state is StoreState.OPEN:
-            self._transition(StoreState.FAILED)
-
-    def _cut_tail(self, offset: int) -> None:
-        """Record durably that the log ends at ``offset`` (see ``TailCut``); the first cut of
-        a run stands. If even that write fails, the disk is gone and recovery keeps what it
-        finds (logged loudly)."""
-        if self._cut_at is not None:
-            return
-        self._cut_at = offset  # from now on nothing from there is read or counted (reads.py)
-        try:
-            self._tail_cut.write(offset)
-        except OSError:
-            log.exception(
-                "cannot record where the failed write cut the log (offset %d): records after "
-                "it that clients were told failed may come back at the next start",
-                offset,
-            )
-
-    def durable(self) -> asyncio.Future[None] | None:
-        """In sync mode, a future resolved when everything appended so far is on disk. With a
-        replication gate (sync replication), when enough replicas have flushed it too."""
-        if self.replication_gate is not None:
-            # The gate's future is shared; this one is the caller's own, which it may cancel.
-            return asyncio.shield(self.replication_gate.covering(self.log.write_pos))
-        if not self._sync:
-            return None
-        assert self._committer is not None
-        return self._committer.wait_durable()
-
-    def durable_together(self) -> asyncio.Future[None] | None:
-        """:meth:`durable`, one future shared by every caller until the next group commit
-        starts (``GroupCommitter.durable_together``): add callbacks to it, never cancel it.
-        With a replication gate, the gate's (shared) future for the end of the log."""
-        if self.replication_gate is not None:
-            return self.replication_gate.covering(self.log.write_pos)
-        if not self._sync:
-            return None
-        assert self._committer is not None
-        return self._committer.durable_together()
-
-    async def append(self, msg: Message) -> AppendResult:
-        res = self.append_nowait(msg)
-        if self.replication_gate is not None:  # shared with other writers: shielded
-            await asyncio.shield(self.replication_gate.covering(self.log.write_pos))
-        elif self._sync:
-            assert self._committer is not None
-            await self._committer.wait_durable()
-        return res
+        if self._guarded:
+            self._check_role()
+        self._lifecycle.check_open()
+        appender = self._appender
+        return appender.write_all((appender.prepare(msg),))[0]
 
     def append_batch_nowait(self, msgs: Sequence[Message]) -> list[AppendResult]:
         """Append several messages, all or none, without waiting for durability: every one is
         validated and every file they need is created before any is written."""
-        self._check_open()
-        prepared = [self._prepare(m) for m in msgs]
-        return self._write_all(prepared) if prepared else []
+        if self._guarded:
+            self._check_role()
+        self._lifecycle.check_open()
+        appender = self._appender
+        prepared = [appender.prepare(m) for m in msgs]
+        return appender.write_all(prepared) if prepared else []
+
+    async def append(self, msg: Message) -> AppendResult:
+        """:meth:`append_nowait`, answered once the record is durable (:meth:`durable`)."""
+        res = self.append_nowait(msg)
+        durable = self._flusher.durable()
+        if durable is not None:
+            await durable
+        return res
 
     async def append_batch(self, msgs: Sequence[Message]) -> list[AppendResult]:
-        """:meth:`append_batch_nowait`, answered once the batch is durable in sync mode."""
+        """:meth:`append_batch_nowait`, answered once the batch is durable."""
         out = self.append_batch_nowait(msgs)
-        if self.replication_gate is not None and out:
-            await asyncio.shield(self.replication_gate.covering(self.log.write_pos))
-        elif self._sync and out:
-            assert self._committer is not None
-            await self._committer.wait_durable()
+        durable = self._flusher.durable() if out else None
+        if durable is not None:
+            await durable
         return out
+
+    def validate(self, msg: Message) -> None:
+        """Raise what :meth:`append` would raise for ``msg``'s content, writing nothing."""
+        self._appender.prepare(msg)
+
+    def durable(self) -> asyncio.Future[None] | None:
+        """A future of the caller's own (it may cancel it), resolved once everything appended
+        so far is durable: flushed in sync mode, held by enough replicas with sync
+        replication. None when nothing is waited for (async mode without a gate)."""
+        return self._flusher.durable()
+
+    def durable_together(self) -> asyncio.Future[None] | None:
+        """:meth:`durable`, one future shared by every caller (until the next group commit
+        starts): add callbacks to it, never cancel it."""
+        return self._flusher.durable(own=False)
 
     def follow(self, master: str) -> None:
         """Make this store a replica of ``master``'s log: from now on only
         ``append_replicated`` writes to it, and every other append raises ``NotMaster``
-        naming the master (a slave's own write would make its log diverge). Done by shadowing
-        the two append entry points on this instance, so a master's appends pay nothing."""
-
-        def refuse(*_: object) -> NoReturn:
-            raise NotMaster(f"this broker is a slave of {master}: writes go to the master")
-
-        self.append_nowait = refuse  # type: ignore[method-assign, assignment]
-        self.append_batch_nowait = refuse  # type: ignore[method-assign, assignment]
+        naming the master (a slave's own write would make its log diverge)."""
+        self._refusal = f"this broker is a slave of {master}: writes go to the master"
+        self._lease_fence = None
+        self._guarded = True
 
     def unfollow(self, fence: Callable[[], None]) -> None:
         """Take this store's own appends again: a slave made master (failover). ``fence`` is
         called before each append and raises to refuse it: an elected master's lease may end
         between two appends, and a process frozen past it handles what waits on its sockets
-        before its timers (failover.py). Shadowed on the instance as :meth:`follow` does."""
-        for name in ("append_nowait", "append_batch_nowait"):
-            self.__dict__.pop(name, None)
-        one, batch = self.append_nowait, self.append_batch_nowait
+        before its timers (failover.py)."""
+        self._refusal = None
+        self._lease_fence = fence
+        self._guarded = True
 
-        def append_nowait(msg: Message) -> AppendResult:
-            fence()
-            return one(msg)
-
-        def append_batch_nowait(msgs: Sequence[Message]) -> list[AppendResult]:
-            fence()
-            return batch(msgs)
-
-        self.append_nowait = append_nowait  # type: ignore[method-assign]
-        self.append_batch_nowait = append_batch_nowait  # type: ignore[method-assign]
+    def _check_role(self) -> None:
+        if self._refusal is not None:
+            raise NotMaster(self._refusal)
+        if self._lease_fence is not None:
+            self._lease_fence()
 
     def cut_tail(self, offset: int) -> None:
         """Record durably that the log ends at ``offset``: the next open drops what follows
         (``TailCut``), and reads stop there now. For a slave whose log runs past its master's
         (a divergent tail, failover.py); the broker restarts to apply it."""
-        self._cut_tail(offset)
+        self._flusher.cut(offset)
 
-    # --- statistics -----------------------------------------------------------------------
+    # --- reads ----------------------------------------------------------------------------
+
+    async def read(self, physical_offset: int) -> StoredMessage:
+        """The record at a physical offset (as returned by :meth:`append`)."""
+        return await self._reader.read(physical_offset)
+
+    async def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: Iterable[str] | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` messages of one queue from queue offset ``offset`` on (see
+        ``Reader.get_messages``): page by ``next_offset``."""
+        return await self._reader.get_messages(topic, queue_id, offset, max_count, tags)
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max) queue offsets: readable messages are min <= offset < max."""
+        return self._reader.queue_range(topic, queue_id)
+
+    def may_hold(self, kind: KeyKind, key: str) -> bool:
+        """False when no message has ``key`` (no I/O); True means :meth:`lookup` may find one."""
+        return self._reader.may_hold(kind, key)
+
+    async def lookup(
+        self, kind: KeyKind, key: str, *, limit: int = 32, since_ms: int = 0
+    ) -> list[StoredMessage]:
+        """Messages whose key, message id or idempotency key equals ``key``, newest first."""
+        return await self._reader.lookup(kind, key, limit=limit, since_ms=since_ms)
+
+    # --- checkpoints and retention --------------------------------------------------------
+
+    async def checkpoint(self) -> Checkpoint:
+        """Make queues and index durable up to the current end of the log and record it."""
+        return await self._checkpointer.checkpoint()
+
+    async def enforce_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete whole segments older than ``retention_ms`` or beyond ``retention_bytes``,
+        after asking :attr:`retention_hook` (see ``retention.py``)."""
+        return await self._retention.enforce(now_ms)
+
+    @property
+    def retention_hook(self) -> RetentionHook | None:
+        return self._retention.hook
+
+    @retention_hook.setter
+    def retention_hook(self, hook: RetentionHook | None) -> None:
+        self._retention.hook = hook
+
+    # --- deleted topics -------------------------------------------------------------------
+
+    def fence_for(self, topic: str) -> TopicFence:
+        """The fence a deletion of ``topic`` now would set (see ``fences.py``)."""
+        return self._deletion.fence_for(topic)
+
+    def drop_topic(self, topic: str, fence: TopicFence) -> int:
+        """Make ``topic``'s records before ``fence`` unreachable and remove its queue files;
+        return the bytes freed. Call once ``fence`` is persisted."""
+        return self._deletion.drop_topic(topic, fence)
+
+    def forget_fences(self, keep: set[str]) -> list[str]:
+        """The topics whose fences retention made useless (see ``TopicDeletion``)."""
+        return self._deletion.forget_fences(keep)
+
+    def is_dead(self, msg: StoredMessage) -> bool:
+        """Whether ``msg`` belongs to a deleted topic. Check a source message right before
+        appending a copy of it (see ``fences.py``: that keeps copies of dead records dead)."""
+        return self.fences.is_dead(msg.topic, msg.properties, msg.physical_offset)
+
+    def is_dead_at(self, owner: str, phys: int) -> bool:
+        """:meth:`is_dead` for the record at ``phys`` belonging to topic ``owner``."""
+        return self.fences.is_dead_at(owner, phys)
+
+    # --- replication ----------------------------------------------------------------------
+
+    def read_replicated(self, from_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Master: whole flushed records from ``from_offset``, and where the next read starts."""
+        return self._replication.read_replicated(from_offset, max_bytes)
+
+    def append_replicated(self, offset: int, data: bytes, next_offset: int) -> set[tuple[str, int]]:
+        """Slave: write the master's bytes at the same offsets and index them; returns the
+        (topic, queue) pairs that grew. Durability is the caller's (``committer``)."""
+        return self._replication.append_replicated(offset, data, next_offset)
+
+    @property
+    def replication_gate(self) -> ReplicationGate | None:
+        """Installed by sync replication: appends and consumers wait on it (``flush.py``)."""
+        return self._flusher.gate
+
+    @replication_gate.setter
+    def replication_gate(self, gate: ReplicationGate | None) -> None:
+        self._flusher.gate = gate
+
+    # --- state and statistics -------------------------------------------------------------
+
+    @property
+    def state(self) -> StoreState:
+        return self._lifecycle.state
 
     @property
     def committer(self) -> GroupCommitter:
-        assert self._committer is not None
-        return self._committer
+        assert self._flusher.committer is not None
+        return self._flusher.committer
 
     @property
     def write_offset(self) -> int:
@@ -483,4 +445,9 @@ class MessageStore(StoreReads, StoreMaintenance, StoreDeletion, StoreReplication
 
     @property
     def flushed_offset(self) -> int:
-        return self._committer.flushed if self._committer else 0
+        return self._flusher.flushed
+
+    @property
+    def readable_offset(self) -> int:
+        """Consumers see records below this (see ``Flusher.readable_offset``)."""
+        return self._flusher.readable_offset

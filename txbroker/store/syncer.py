@@ -1,18 +1,11 @@
 """The syncer: a child process whose only job is ``fdatasync`` on commit-log segments.
 
-Why a process and not a thread: a thread returning from ``fdatasync`` must take the GIL back
-from the event loop, which is busy appending; measured here, that hand-off added a median of
-~60 µs and a p90 of ~450 µs to every group commit and halved sync-mode throughput. A process has
-its own interpreter, runs on the other core, and talks to the loop through two pipes the loop
-watches with ``add_reader``, so no thread ever waits for the loop's GIL.
-
-``fdatasync`` flushes the file's dirty pages in the shared page cache whichever process opened
-it, so syncing the segment by path here covers what the broker wrote through its mapping.
-
-Protocol (little-endian frames; the layouts are written once, here):
-    request  (13 bytes): op u8, seq u32, segment base u64
-    response (7 bytes):  seq u32, status u8 (0 ok, 1 error), errno u16
-The child exits when its stdin closes, so it never outlives the broker, even after kill -9.
+A process, not a thread: a thread returning from ``fdatasync`` must take the GIL back from the
+busy event loop (docs/benchmarks.md has the cost). The process runs on the other core and
+talks to the loop through two pipes the loop watches with ``add_reader``. ``fdatasync`` flushes
+the file's pages in the shared page cache whoever wrote them, so syncing by path covers the
+broker's writes. Protocol: ``REQUEST`` and ``RESPONSE`` below. The child exits when its stdin
+closes, so it never outlives the broker, even after kill -9.
 """
 
 from __future__ import annotations
@@ -26,8 +19,18 @@ from typing import Final
 
 __all__ = ["OP_FORGET", "OP_SYNC", "REQUEST", "RESPONSE", "main"]
 
-REQUEST: Final = struct.Struct("<BIQ")
-RESPONSE: Final = struct.Struct("<IBH")
+REQUEST: Final = struct.Struct(
+    "<"
+    "B"  # op: OP_SYNC or OP_FORGET
+    "I"  # seq: increments per request (mod 2**32); the response carries it back
+    "Q"  # base: the segment's first physical offset (its file name)
+)
+RESPONSE: Final = struct.Struct(
+    "<"
+    "I"  # seq: the request answered
+    "B"  # status: 0 ok, 1 error
+    "H"  # errno: the failing call's error number when status is 1
+)
 assert REQUEST.size == 13 and RESPONSE.size == 7
 
 OP_SYNC: Final = 1  # fdatasync the segment

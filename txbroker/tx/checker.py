@@ -1,24 +1,12 @@
 """The back-check scheduler: ask the producer's service about transactions nobody ended.
 
-A prepared transaction with no END_TX by its timeout is checked: a signed POST to its check
-URL (see ``checkback``). COMMIT and ROLLBACK resolve it through the coordinator (fenced like an
-END_TX). Anything else is UNKNOWN: the next check waits ``base * 2**(n-1)`` ms, capped. Only
-checks that reached the endpoint count; after ``max_checks`` of them the transaction is PARKED
-for an operator. An unreachable endpoint is retried with the same backoff but never parks a
-transaction by itself (nothing was asked).
-
-Bounded so 100k pending transactions never become a storm, and fair so one broken service
-never delays another's recovery: at most ``concurrency`` checks in flight overall; due checks
-wait in the fair lanes (``txbroker.tx.lanes``), one queue per (endpoint, producer group) served
-round robin, each endpoint (scheme, host, port) with its own concurrency bound, ``rate_per_s``
-and circuit breaker. Every check has a total ``deadline_ms`` besides httpx's per-phase
-``timeout_ms``, so an endpoint that trickles bytes cannot hold a lane for long either.
-
-A check is delivered one of two ways, chosen by the transaction's check URL: sent over HTTP
-through the lanes, or, for ``check_url`` = ``pull``, queued for the producer group's pollers
-(``txbroker.tx.pull``), who take it with :meth:`BackChecker.pull` and answer it with END_TX or
-:meth:`BackChecker.answer_unknown`. Either way its outcome goes through the same ``_apply``: a
-pulled check not answered within ``deadline_ms`` is a timeout, and counts as one.
+A prepared transaction with no END_TX by its timeout gets a signed POST to its check URL.
+COMMIT and ROLLBACK resolve it through the coordinator (fenced like an END_TX); anything else
+is UNKNOWN and checked again with exponential backoff. After ``max_checks`` checks that reached
+the endpoint it is PARKED for an operator. Bounded and fair: at most ``concurrency`` checks in
+flight, due checks served through the fair lanes (``txbroker.tx.checklanes``), and a total
+``deadline_ms`` per check. A check with ``check_url`` = ``pull`` is queued for its
+producer group's pollers instead (``txbroker.tx.pull``). :class:`BackChecker` gives the rules.
 """
 
 from __future__ import annotations
@@ -39,8 +27,8 @@ from txbroker.errors import NotMaster, TransactionConflict, TxbError
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker.tx import spans
+from txbroker.tx.checklanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.lanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.pull import PULL_CHECK_URL, PulledCheck, PullQueues
 from txbroker.tx.state import CheckRecord, Decision, Resolver, Tx, TxState
 from txbroker_checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
@@ -86,6 +74,19 @@ def _now_ms() -> int:
 
 
 class BackChecker:
+    """Schedules, sends and counts the back-checks of one coordinator's open transactions.
+
+    After an UNKNOWN the next check waits ``base * 2**(n-1)`` ms, capped. Only checks that reached
+    the endpoint count towards ``max_checks``: an unreachable endpoint is retried with the same
+    backoff but never parks a transaction by itself (nothing was asked).
+
+    Bounded so 100k pending transactions never become a storm, and fair so one broken service
+    never delays another's recovery: due checks wait in one queue per (endpoint, producer group)
+    served round robin, each endpoint (scheme, host, port) with its own concurrency bound,
+    ``rate_per_s`` and circuit breaker. The total ``deadline_ms`` comes besides httpx's per-phase
+    ``timeout_ms``, so an endpoint that trickles bytes cannot hold a lane for long either.
+    """
+
     def __init__(self, coordinator: TxCoordinator, settings: CheckSettings) -> None:
         self._coord = coordinator
         self.settings = settings

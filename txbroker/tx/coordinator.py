@@ -1,20 +1,11 @@
 """The transaction coordinator: PREPARE, END_TX, operator resolution, and recovery.
 
-PREPARE appends a *half record* to ``%HALF``: the message as it will be delivered, plus the
-transaction's properties. No consumer can read ``%HALF``.
-
-Resolving appends one *decision record*, indexed under the internal key ``txend:<tx>``: for a
-commit, the *visible copy* in the real topic (same message id, same body); for a rollback, an
-*op record* in ``%TXOP``. One record, so a decision is never half written: after a crash it is
-either in the log or not, and a transaction without one is still open (a back-check decides).
-Parking and resuming append op records too (without the key).
-
-This module holds what runs per PREPARE and END_TX: the half record, the fenced resolution and
-its decision record, and the hand-off to the group commit. Around it: what a PREPARE must name
-(``txbroker.tx.admission``), the back-checks (``txbroker.tx.checker``), parking and resuming
-(``txbroker.tx.parking``), and the rebuild of everything the coordinator knows at start from
-``%HALF``, ``%TXOP`` and the index (``txbroker.tx.recovery``, which also writes the state file
-that keeps that rebuild short).
+PREPARE appends a *half record* to ``%HALF``, which no consumer reads. Resolving appends one
+*decision record* under the internal key ``txend:<tx>``: the *visible copy* in the real topic
+for a commit, an *op record* in ``%TXOP`` for a rollback. One record, so a decision is never
+half written: after a crash a transaction without one is still open (a back-check decides).
+Around this module: ``policy`` (what a PREPARE must name), ``checker`` (back-checks),
+``parking``, and ``recovery`` (the rebuild at start, and the state file that keeps it short).
 """
 
 from __future__ import annotations
@@ -54,7 +45,7 @@ from txbroker.store import (
 )
 from txbroker.store.snapshot import Snapshot
 from txbroker.tx import parking
-from txbroker.tx.admission import Admission
+from txbroker.tx.policy import PreparePolicy
 from txbroker.tx.ports import Publishing
 from txbroker.tx.recovery import STATE_FILE, encode_state, recover_open
 from txbroker.tx.state import (
@@ -133,12 +124,12 @@ class TxCoordinator:
             self._path, lambda: encode_state(self._store, self.open, self.counters)
         )
         self._cached_bytes = 0
-        admission = Admission(
+        policy = PreparePolicy(
             settings.secrets, settings.default_secret, settings.timeout_ms, settings.max_timeout_ms
         )
-        # Bound once: a PREPARE makes one call to validate, as when this was a method here.
-        self._check_prepare: Callable[[TxPrepareRequest], tuple[str, int]] = admission.check
-        self.secret_for: Callable[[str], str | None] = admission.secret_for
+        # Bound once, so the PREPARE hot path pays one call, not an attribute look-up and a call.
+        self._check_prepare: Callable[[TxPrepareRequest], tuple[str, int]] = policy.check
+        self.secret_for: Callable[[str], str | None] = policy.secret_for
 
     # --- prepare ---
 

@@ -5,11 +5,8 @@ half record is kept, and recovery rebuilds it as parked) but is not checked agai
 then commits or rolls it back with an ordinary, fenced END_TX (by ``operator``), or resumes it:
 PREPARED again with its counts reset, checked at once. Park and resume each append one op
 record to ``%TXOP`` (without the ``txend:`` key, which only a decision has), so recovery
-replays them in order.
-
-Separate from the coordinator because none of this is on the PREPARE/END_TX path; the
-coordinator's ``park`` and ``resume`` call these and add its bookkeeping (the snapshot, waiting
-for durability, scheduling the checks again).
+replays them in order. Separate from the coordinator because none of this is on the
+PREPARE/END_TX path; the coordinator's ``park`` and ``resume`` call these and keep the books.
 """
 
 from __future__ import annotations

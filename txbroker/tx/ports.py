@@ -2,7 +2,7 @@
 
 The server drives transactions (its handlers call the coordinator), so the coordinator must not
 reach back into the server's modules: a commit makes its message visible through this small
-interface, which the server implements (``txbroker.server.txports.TxPublishing``).
+interface, which the server's producer implements (``txbroker.server.producer.Producer``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Recovery of open transactions at start, and the state file that keeps it short.
 
-The coordinator holds its open transactions in memory only; after a restart they are rebuilt
-from the log. Every half record in ``%HALF`` without a decision record (no ``txend:<tx>`` in the
-index, no commit or rollback op in ``%TXOP``) is open again, parked or not as its park and
-resume op records say, with the back-check counts saved in ``meta/tx.json``.
-
-The same file holds two low-water marks: the oldest unresolved half record, and the ``%TXOP``
-end offset when it was prepared. Recovery reads from those, so restart cost follows the
-unresolved window, not history; ``txbroker.tx.reput`` keeps that window short by copying old
-open halves forward. A transaction may so have two half records (a crash came between the copy
-and the next state file): the later one wins, and it carries the state its earlier op records
-described. The file also keeps the transaction counters across restarts. This is separate from
-the coordinator because it runs once, at start, reading back what the PREPARE/END_TX paths
-wrote; none of it is on those paths.
+Every half record in ``%HALF`` without a decision record is open again, parked or not as its op
+records say, with the back-check counts saved in ``meta/tx.json``. That file also holds two
+low-water marks (the oldest unresolved half record, and the ``%TXOP`` end when it was
+prepared), so restart cost follows the unresolved window, not history; ``txbroker.tx.halfcopy``
+keeps the window short, and of two half records of one transaction the later wins. Separate
+from the coordinator because it runs once, at start, off the PREPARE/END_TX paths.
 """
 
 from __future__ import annotations
@@ -128,7 +121,14 @@ async def recover_open(
     marks (and complete commits recorded as op records by an earlier version, whose copies are
     appended here but not waited for). ``from_start``: ignore the saved marks and back-check
     counts and read both queues from their first retained record (a slave taking over: its
-    file, if any, is from an earlier term and may point past records a later master wrote)."""
+    file, if any, is from an earlier term and may point past records a later master wrote).
+
+    The coordinator holds its open transactions in memory only; after a restart they are rebuilt
+    from the log. A half record is open when the index has no ``txend:<tx>`` and ``%TXOP`` no
+    commit or rollback op for it. A transaction may have two half records (a crash came between a
+    copy forward and the next state file): the later one wins, and it carries the state its
+    earlier op records described. The file also keeps the transaction counters across restarts.
+    """
     started = time.perf_counter()
     publishing.ensure_system_topic(HALF_TOPIC, 1)
     publishing.ensure_system_topic(OP_TOPIC, 1)
@@ -230,7 +230,7 @@ async def _scan(store: MessageStore, topic: str, start: int) -> AsyncIterator[St
 
 def tx_from_half(m: StoredMessage) -> Tx:
     """The open transaction a half record describes, as it was when prepared (or, for a copy
-    made by ``txbroker.tx.reput``, when copied)."""
+    made by ``txbroker.tx.halfcopy``, when copied)."""
     p = m.properties
     timeout = int(p[PROP_TIMEOUT])
     deliver_at = p.get(PROP_DELIVER_AT)

@@ -1,17 +1,12 @@
 """The broker's spans of a transaction (docs/tracing.md draws the whole trace).
 
-    prepare {topic}            SERVER    a PREPARE; child of the producer's span (its traceparent)
-    commit|rollback {topic}    SERVER    an END_TX, or an operator's decision; child of the span
-                                         whose traceparent the half message kept (the producer's)
-    check {producer group}     CLIENT    a back-check's HTTP call; child of that same span, and
-                                         the parent the service's endpoint span names (its
-                                         traceparent goes in the request's header)
-    commit|rollback {topic}    INTERNAL  a check's answer applied; child of the check
-
-Only when tracing is on: ``handlers.py`` asks :func:`~txbroker.runtime.tracing.tracing_on` once,
-when the broker starts, and wraps the transactional handlers with :func:`trace_handlers` only
-then, so with no SDK configured a PREPARE or an END_TX runs exactly the code it ran before
-tracing existed. The back-checker asks per check (a check is an HTTP call: a boolean is noise).
+``prepare {topic}`` and ``commit|rollback {topic}`` (SERVER) for PREPARE and END_TX or an
+operator's decision, ``check {producer group}`` (CLIENT) for a back-check's HTTP call, and
+``commit|rollback {topic}`` (INTERNAL) for a check's answer applied (:func:`trace_handlers`
+gives the parents). Only when tracing is on: ``handlers.py`` asks once, at start, and wraps the
+transactional handlers only then, so with no SDK configured a PREPARE or an END_TX runs no
+tracing code at all. The back-checker asks per check (a check is an HTTP call: a boolean is
+noise).
 """
 
 from __future__ import annotations
@@ -135,7 +130,18 @@ def _ended(span: Span, answer: TxEndResponse) -> None:
 
 def trace_handlers(handlers: dict[int, Any], coord: TxCoordinator, *, direct: bool = False) -> None:
     """Wrap the transactional handlers in ``handlers`` (the task handlers, or with ``direct``
-    the task-free ones) so each request is a span. Called at start, when tracing is on."""
+    the task-free ones) so each request is a span. Called at start, when tracing is on.
+
+    ::
+
+        prepare {topic}            SERVER    a PREPARE; child of the producer's span
+        commit|rollback {topic}    SERVER    an END_TX, or an operator's decision; child of the
+                                             span whose traceparent the half message kept
+        check {producer group}     CLIENT    a back-check's HTTP call; child of that same span,
+                                             and the parent the service's endpoint span names
+                                             (its traceparent goes in the request's header)
+        commit|rollback {topic}    INTERNAL  a check's answer applied; child of the check
+    """
 
     def end(req: TxEndRequest, start_ns: int) -> Span:
         action = req.decision if req.decision in _DECISIONS else "end"

@@ -6,8 +6,7 @@
                                 └──resume──▶ PREPARED (checks start again)
 
 Resolution is final and fenced: a second END_TX with the same decision returns the first
-result; a different one is refused with TransactionConflict, whoever sends it (producer,
-back-check or operator).
+result; a different one is refused with TransactionConflict, whoever sends it.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ PROP_TRACEPARENT: Final = "tp"
 PROP_TIMEOUT: Final = "to"  # ms after PREPARE before the first back-check
 PROP_DELIVER_AT: Final = "da"  # delayed transactional message: deliver at (ms)
 PROP_OP_MARK: Final = "om"  # %TXOP end offset when prepared: where recovery reads ops from
-# Only on a half record copied forward (reput.py): the transaction as it was when copied, since
+# Only on a half record copied forward (halfcopy.py): the transaction as it was when copied, since
 # its earlier op records (a park) may be deleted with the segments the copy outlives.
 PROP_REPUT: Final = "rp"  # how many times this half was copied forward (1, 2, ...)
 PROP_CREATED: Final = "cm"  # store time of the first half record (the PREPARE), ms

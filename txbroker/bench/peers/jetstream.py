@@ -1,14 +1,10 @@
 """NATS JetStream in `bench peers`, through nats-py (the `bench` extra): a stream with file
 storage and one replica, published to with PubAcks awaited.
 
-What a PubAck means on disk, from the NATS documentation
-(https://docs.nats.io/nats-concepts/jetstream, "Syncing data to disk"): file streams are not
-fsync'ed before the acknowledgement; the server fsyncs in the background every ``sync_interval``,
-2 minutes by default, so without replication an OS crash can lose acknowledged messages.
-``sync_interval`` (and ``always``) became a server setting in 2.10
-(https://docs.nats.io/running-a-nats-service/configuration#jetstream); before it the interval was
-built in. On this machine's server (2.9.10), strace showed no fsync at publish time and the first
-fsync of a new stream's files 120 s after its first message.
+A PubAck does not wait for an fsync: the server fsyncs file streams in the background every
+``sync_interval`` (https://docs.nats.io/nats-concepts/jetstream, "Syncing data to disk"), so
+without replication an OS crash can lose acknowledged messages. What the server on the build
+machine did is in docs/benchmarks.md ("Against RabbitMQ and NATS JetStream").
 """
 
 from __future__ import annotations

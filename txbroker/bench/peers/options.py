@@ -16,7 +16,7 @@ WORKLOADS: Final = ("single", "batch", "e2e")
 @dataclass(frozen=True, slots=True)
 class PeersOptions:
     messages: int = 20_000  # per system, workload and round (single and batch)
-    window: int = 128  # messages in flight: the measurement, 128 single sends
+    window: int = 128  # messages in flight, as `bench produce --inflight 128`, so figures compare
     size: int = 1024  # body bytes
     batch: int = 32  # messages per batch, as `bench produce --batch 32`
     rounds: int = 3  # interleaved rounds; the figures are their medians

@@ -1,13 +1,10 @@
 """RabbitMQ in `bench peers`, through aio-pika (the `bench` extra): a durable queue, persistent
 messages and publisher confirms, with a classic or a quorum queue.
 
-What a confirm means, per RabbitMQ's documentation (https://www.rabbitmq.com/docs/confirms, the
-sections on when published messages are confirmed and on ack latency for persistent messages):
-a persistent message routed to a durable queue is confirmed once it is persisted to disk, and
-the message store fsyncs in batches, after an interval of a few hundred milliseconds or when the
-queue goes idle, to keep the number of fsync calls down. A quorum queue confirms once a quorum
-of its Raft members has the message in its log (https://www.rabbitmq.com/docs/quorum-queues:
-everything is persisted to disk first); on one node the quorum is that node's write-ahead log.
+A persistent message routed to a durable queue is confirmed once it is on disk, the message
+store fsyncing in batches (https://www.rabbitmq.com/docs/confirms); a quorum queue confirms once
+a quorum of its Raft members has it in its log, on one node that node's write-ahead log
+(https://www.rabbitmq.com/docs/quorum-queues).
 """
 
 from __future__ import annotations

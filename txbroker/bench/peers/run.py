@@ -1,16 +1,11 @@
 """`txbroker bench peers`: the same workloads against txbroker and the brokers users would pick
 instead, in one run, in interleaved rounds.
 
-Each round starts a fresh `txbroker serve` per flush mode, then runs every workload against every
+Each round starts a fresh `txbroker serve` per flush mode and runs every workload against every
 system, the systems' order rotated by one per round, so no system always runs first (on a warm
-or a cold page cache) or right after the heaviest one. Each (round, workload, system) gets a
-queue, topic or stream of its own, named ``txb-bench-<run id>-r<round>-<workload>``, deleted
-right after; a last sweep deletes whatever a failure left. The figures are the medians over the
-rounds, and the ratios of txbroker's medians to each peer's.
-
-A peer that cannot be reached (or whose client is not installed) is skipped with one line; a
-peer that fails mid-run is left out of the rounds after, with one line. txbroker failing is an
-error.
+or a cold page cache) or right after the heaviest one. The figures are the medians over the
+rounds, and the ratios of txbroker's medians to each peer's. A peer that cannot be reached or
+fails is skipped or left out with one line; txbroker failing is an error.
 """
 
 from __future__ import annotations
@@ -48,7 +43,11 @@ RATIO_METRICS: dict[str, tuple[str, str]] = {
 
 
 def bench_peers(opts: PeersOptions, say: Say | None = None) -> dict[str, object]:
-    """Run the whole comparison; return one JSON-ready summary (see :func:`_summary`)."""
+    """Run the whole comparison; return one JSON-ready summary (see :func:`_summary`).
+
+    Each (round, workload, system) gets a queue, topic or stream of its own, named
+    ``txb-bench-<run id>-r<round>-<workload>``, deleted right after; a last sweep deletes
+    whatever a failure left. A peer that fails mid-run is left out of the rounds after."""
     return run_client(_cancellable(_bench(opts, say or (lambda _line: None))))
 
 

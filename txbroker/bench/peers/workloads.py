@@ -1,19 +1,9 @@
 """The three workloads of `bench peers`, written once over :class:`System`.
 
-single: one producer keeps ``window`` single publishes in flight, each awaiting its own
-acknowledgement (txbroker's SEND, RabbitMQ's publisher confirm, JetStream's PubAck).
-
-batch: the same producer groups messages into batches of ``batch`` (txbroker's SEND_BATCH;
-RabbitMQ and NATS publish the batch and await every confirm or ack) with as many batches in
-flight as keep the same number of messages in flight as ``single``.
-
-e2e: one producer publishes at a fixed rate without waiting for acknowledgements in line; a
-consumer on its own connection receives and acknowledges. Each body starts with its send time,
-so the consumer measures publish-to-consume latency.
-
-The first 10% of each run's messages are warm-up, left out of latencies (as in `bench produce`
-and `bench e2e`). ``deadline_s`` caps a run: the figures then cover what was acknowledged in
-time, and the result says it was capped.
+single (:func:`run_single`), batch (:func:`run_batches`) and e2e (:func:`run_e2e`), each
+described where it is run. The first 10% of each run's messages are warm-up, left out of
+latencies (as in `bench produce` and `bench e2e`). ``deadline_s`` caps a run: the figures then
+cover what was acknowledged in time, and the result says it was capped.
 """
 
 from __future__ import annotations
@@ -80,6 +70,9 @@ def _send_figures(done: int, elapsed: float, lat: list[float], capped: bool) -> 
 async def run_single(
     system: System, messages: int, window: int, size: int, deadline_s: float
 ) -> SendFigures:
+    """One producer keeps ``window`` single publishes in flight, each awaiting its own
+    acknowledgement (txbroker's SEND, RabbitMQ's publisher confirm, JetStream's PubAck).
+    """
     body = os.urandom(size)
     warm = int(messages * WARMUP_FRACTION)
     latencies: list[float] = []
@@ -108,6 +101,10 @@ async def run_single(
 async def run_batches(
     system: System, messages: int, batch: int, window: int, size: int, deadline_s: float
 ) -> SendFigures:
+    """The producer groups messages into batches of ``batch`` (txbroker's SEND_BATCH; RabbitMQ and
+    NATS publish the batch and await every confirm or ack) with as many batches in flight as keep
+    the same number of messages in flight as ``single``.
+    """
     body = os.urandom(size)
     starts = list(range(0, messages, batch))
     warm = int(messages * WARMUP_FRACTION)
@@ -140,6 +137,9 @@ async def run_batches(
 async def run_e2e(
     system: System, rate: int, seconds: float, size: int, deadline_s: float
 ) -> E2EFigures:
+    """One producer publishes at a fixed rate without waiting for acknowledgements in line; a
+    consumer on its own connection receives and acknowledges. Each body starts with its send
+    time, so the consumer measures publish-to-consume latency."""
     total = max(1, int(rate * seconds))
     pad = os.urandom(max(size - _STAMP.size, 0))
     latencies: list[float] = []

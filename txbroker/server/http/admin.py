@@ -1,18 +1,10 @@
 """The admin API's endpoints: listings for operators and dashboards.
 
-    GET /healthz                       liveness, store state, connections and their limits
-    GET /v1/topics                     topics with per-queue offsets
-    GET /v1/groups                     consumer groups with lag per queue
-    GET /v1/messages?topic=T&key=K     messages of a topic by business key
-    GET /v1/messages/{message_id}      one message by id
-    GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
-    GET /v1/transactions[/{tx_id}]     open (or recently ended) transactions
-    GET /v1/checks/endpoints           back-check endpoints and their breakers
-    POST /v1/transactions/{tx_id}/resume   an operator's: back-checks again for a parked one
-
-With tokens (``tokens.py``), every endpoint but ``/healthz`` needs ``Authorization: Bearer
-<token>`` (401 without a valid one) and the ``read`` role on what it shows (listings show only
-the topics the token may read); resuming a transaction needs ``admin`` on its topic.
+Health, topics, groups, messages by key or id, transactions, back-check endpoints and
+``/metrics``; the routes are listed in :func:`admin_routes`. With tokens (``tokens.py``),
+every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 without a
+valid one) and the ``read`` role on what it shows; resuming a transaction needs ``admin``
+on its topic.
 """
 
 from __future__ import annotations
@@ -91,7 +83,20 @@ def admin_routes(
     checker: BackChecker | None = None,
     connections: Callable[[], dict[str, Any]] | None = None,
 ) -> list[BaseRoute]:
-    """The admin endpoints, behind the token check and the ``read`` role."""
+    """The admin endpoints, behind the token check and the ``read`` role.
+
+    ::
+
+        GET /healthz                       liveness, store state, connections and their limits
+        GET /v1/topics                     topics with per-queue offsets
+        GET /v1/groups                     consumer groups with lag per queue
+        GET /v1/messages?topic=T&key=K     messages of a topic by business key
+        GET /v1/messages/{message_id}      one message by id
+        GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
+        GET /v1/transactions[/{tx_id}]     open (or recently ended) transactions
+        GET /v1/checks/endpoints           back-check endpoints and their breakers
+        POST /v1/transactions/{tx_id}/resume   an operator's: back-checks again for a parked one
+    """
 
     async def healthz(_: Request) -> Response:
         out: dict[str, Any] = {"status": "ok", "store": store.state.value}

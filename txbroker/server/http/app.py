@@ -4,7 +4,7 @@ above adds (the console). Every error is a problem document (``problems.py``).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -16,7 +16,7 @@ from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.http.admin import admin_routes
 from txbroker.server.http.checks import PullChecking
-from txbroker.server.http.messaging import Messaging, tcp_requests
+from txbroker.server.http.messaging import Messaging, TcpRequest
 from txbroker.server.http.openapi import openapi_route
 from txbroker.server.http.problems import MethodNotAllowed, NotFound
 from txbroker.server.http.receiving import Receiving
@@ -43,24 +43,24 @@ def build_http_app(
     connections: Callable[[], dict[str, Any]] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     *,
-    handlers: Mapping[int, Callable[[Any], Any]] | None = None,
+    broker: TcpRequest | None = None,
     access: Access | None = None,
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS,
     master_http: Callable[[], str | None] = lambda: None,
     receiver: Receiver | None = None,
 ) -> Starlette:
-    """The app; the messaging API is served when ``handlers`` (the TCP request handlers, see
-    :func:`~txbroker.server.http.messaging.tcp_requests`) are given. ``extra_routes`` are
+    """The app; the messaging API is served when ``broker`` (the way into the TCP request
+    handlers, :func:`~txbroker.server.http.messaging.tcp_requests`) is given. ``extra_routes`` are
     mounted beside it (the console, from above: the server does not import what it serves).
     Receiving by receipt is served when ``receiver`` is given too."""
     table = access.tokens if access is not None else tokens or TokenTable()
     routes: list[BaseRoute] = [openapi_route()]
-    if handlers is not None:
+    if broker is not None:
         access = access or Access(
             table, lambda tx_id: t.topic if tx and (t := tx.find(tx_id)) else None
         )
         messaging = Messaging(
-            tcp_requests(handlers),
+            broker,
             access,
             store,
             dedup_window_ms=dedup_window_ms,

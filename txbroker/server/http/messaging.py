@@ -47,6 +47,7 @@ from txbroker.protocol.messages import (
     TxPrepareResponse,
 )
 from txbroker.server.access import Access
+from txbroker.server.connection import settle
 from txbroker.server.delay import SCHEDULE_TOPIC
 from txbroker.server.http.bodies import decode, json_response, read_json
 from txbroker.server.http.guard import guarded, principal, redirecting
@@ -64,6 +65,7 @@ from txbroker.server.http.types import (
     Receipts,
 )
 from txbroker.server.producer import HEADER_PREFIX
+from txbroker.server.role import Role
 from txbroker.server.tokens import TokenTable
 from txbroker.store import (
     PROP_KEYS,
@@ -86,13 +88,14 @@ TcpRequest = Callable[[int, Any], Awaitable[Any]]
 T = TypeVar("T")
 
 
-def tcp_requests(handlers: Mapping[int, Callable[[Any], Awaitable[Any]]]) -> TcpRequest:
-    """The HTTP API's one way into the broker: the handler a TCP connection calls for the same
-    opcode, looked up at each call (failover swaps a slave's write handlers for refusals and
-    back, in this very mapping)."""
+def tcp_requests(handlers: Mapping[int, Callable[[Any], Any]], role: Role) -> TcpRequest:
+    """The HTTP API's one way into the broker, as a TCP connection goes: the role's check (a
+    slave refuses writes), then the handler for the opcode, then the answer settled to its body
+    (docs/server.md, "Where a new front end plugs in")."""
 
     async def call(opcode: int, req: Any) -> Any:
-        return await handlers[opcode](req)
+        role.check(opcode)
+        return await settle(handlers[opcode](req))
 
     return call
 

@@ -1,14 +1,11 @@
-"""The slave's side of replication: follow the master's commit log (see ``replication.py``).
+"""The slave's side of replication: follow the master's commit log.
 
 One task, one connection to the master, one request at a time: REPL_FETCH from the end of the
 local log (reporting the local flushed offset), write the answer verbatim at the same offsets
-and replay it (``MessageStore.append_replicated``), fdatasync, wake long polls on the queues
-that grew. The master's topic registry is copied (new topics only) every
-``TOPICS_REFRESH_S`` and whenever a record names a topic the slave does not know. A lost
-connection is retried with a bounded backoff, for as long as the broker runs.
-
-The broker layer may not import the SDK (the layers are independent), so this speaks the wire
-protocol through ``txbroker.protocol`` directly: a few lines for a strictly sequential client.
+(``MessageStore.append_replicated``), fdatasync, wake long polls on the queues that grew. The
+master's topics are copied every ``TOPICS_REFRESH_S`` and whenever a record names an unknown
+one. A lost connection is retried with a bounded backoff. It speaks the wire protocol through
+``txbroker.protocol`` directly: the broker may not import the SDK.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ from txbroker.protocol.messages import (
     decode_response,
     encode_body,
 )
-from txbroker.server.epochs import EpochHistory
+from txbroker.server.replication.epochs import EpochHistory
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 

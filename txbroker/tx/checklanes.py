@@ -1,22 +1,11 @@
 """Fair lanes for back-checks: which due check goes out next, and to which endpoint not yet.
 
 One broken service must not delay another's recovery. Due checks wait in one queue per
-(endpoint, producer group), and the queues are served round robin, so 10,000 checks due at one
-endpoint and one due at another take turns instead of going out in due order. Each endpoint
-(scheme, host, port) has its own limits on top of the checker's global lanes:
-
-- at most ``endpoint_concurrency`` checks in flight, so a hanging endpoint holds a few lanes,
-  never all of them;
-- at most ``rate_per_s`` sends per second, spaced evenly;
-- a circuit breaker: after ``breaker_failures`` checks in a row that timed out or could not
-  connect, the endpoint is OPEN and gets nothing for a cool-down (``breaker_base_ms`` doubling
-  to ``breaker_cap_ms``); then it is HALF_OPEN and gets one probe, whose outcome closes it or
-  opens it again for twice as long. An answer of any kind (even a 500) closes it: the endpoint is
-  there, and only hanging or unreachable ones hold lanes for long.
-
-Checks waiting behind a limit are not attempts: they keep their place and count nothing toward
-parking. Pure bookkeeping with no I/O and no clock of its own (callers pass ``now``, monotonic
-seconds), so every rule is tested directly.
+(endpoint, producer group), served round robin, and each endpoint (scheme, host, port) has its
+own concurrency bound, send rate and circuit breaker on top of the checker's global lanes
+(:class:`FairLanes`). Checks waiting behind a limit are not attempts: they keep their place and
+count nothing toward parking. Pure bookkeeping with no I/O and no clock of its own (callers pass
+``now``, monotonic seconds), so every rule is tested directly.
 """
 
 from __future__ import annotations
@@ -101,7 +90,20 @@ class _Queue:
 
 
 class FairLanes:
-    """Due checks by (endpoint, producer group), handed out round robin within the limits."""
+    """Due checks by (endpoint, producer group), handed out round robin within the limits.
+
+    Round robin over the queues, so 10,000 checks due at one endpoint and one due at another take
+    turns instead of going out in due order. Each endpoint's limits:
+
+    - at most ``endpoint_concurrency`` checks in flight, so a hanging endpoint holds a few lanes,
+      never all of them;
+    - at most ``rate_per_s`` sends per second, spaced evenly;
+    - a circuit breaker: after ``breaker_failures`` checks in a row that timed out or could not
+      connect, the endpoint is OPEN and gets nothing for a cool-down (``breaker_base_ms`` doubling
+      to ``breaker_cap_ms``); then it is HALF_OPEN and gets one probe, whose outcome closes it or
+      opens it again for twice as long. An answer of any kind (even a 500) closes it: the endpoint
+      is there, and only hanging or unreachable ones hold lanes for long.
+    """
 
     def __init__(self, settings: LaneSettings) -> None:
         self.settings = settings

@@ -1,11 +1,7 @@
-"""The store's side of master → slave replication: the master reads its flushed log as raw
-bytes; a slave writes them verbatim at the same offsets and replays them into its consume
-queues and key index through recovery's code path (``recovery.replay``).
-
-The store does not know about slaves, connections or acknowledgements. What the broker adds
-(``txbroker.server.replication``) reaches the append path through one small interface, the
-:class:`ReplicationGate`: when one is installed, ``durable()`` and ``durable_together()`` give
-the gate's future instead of the group commit's.
+"""The store's side of master → slave replication: a master reads its flushed log as raw
+whole records; a slave writes them verbatim at the same offsets and indexes them as recovery
+replays them (``recovery.replay``). Sync replication reaches the append path through one
+interface, ``flush.ReplicationGate``, which the store's durability wait then waits on.
 
     # master                                        # slave
     data, nxt = store.read_replicated(off, 1 << 20) store.append_replicated(off, data, nxt)
@@ -14,28 +10,17 @@ the gate's future instead of the group commit's.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Protocol
-
 from txbroker.errors import CorruptLog, InvalidOffset, NotFound, StoreFailed
-from txbroker.store.commitlog import ScannedRecord
-from txbroker.store.core import StoreCore
+from txbroker.store.commitlog import CommitLog, ScannedRecord
+from txbroker.store.consumequeue import ConsumeQueues
+from txbroker.store.fences import Fences
+from txbroker.store.flush import Flusher
+from txbroker.store.keyindex import KeyIndex
 from txbroker.store.record import HEADER, MAGIC_BLANK, SIZE_MAGIC, check_record
 from txbroker.store.recovery import live_targets, replay
+from txbroker.store.state import Lifecycle
 
-__all__ = ["ReplicationGate", "StoreReplication", "parse_records"]
-
-
-class ReplicationGate(Protocol):
-    """What a write waits for when replication is synchronous (installed on the master)."""
-
-    covered: int  # the log is flushed on enough replicas below this: consumers read below it
-
-    def covering(self, offset: int) -> asyncio.Future[None]:
-        """A future resolved once enough replicas have flushed the log up to ``offset``
-        (which implies the master flushed it: replicas only receive flushed bytes), or failed
-        with a ``ReplicationTimeout``. Shared by many callers: never cancel it."""
-        ...
+__all__ = ["Replication", "parse_records"]
 
 
 def parse_records(data: bytes, offset: int) -> list[ScannedRecord]:
@@ -63,12 +48,28 @@ def parse_records(data: bytes, offset: int) -> list[ScannedRecord]:
     return out
 
 
-class StoreReplication(StoreCore):
+class Replication:
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        index: KeyIndex,
+        queues: ConsumeQueues,
+        fences: Fences,
+        flusher: Flusher,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self._log = commitlog
+        self._index = index
+        self._queues = queues
+        self._fences = fences
+        self._flusher = flusher
+        self._lifecycle = lifecycle
+
     def read_replicated(self, from_offset: int, max_bytes: int) -> tuple[bytes, int]:
         """Master: whole records from ``from_offset`` up to the flushed offset (see
         ``CommitLog.read_raw``), and where the next read starts."""
-        self._check_readable()
-        log = self.log
+        self._lifecycle.check_readable()
+        log = self._log
         if from_offset > log.write_pos:
             raise InvalidOffset(
                 f"the replica's log ends at {from_offset}, past this master's end "
@@ -80,43 +81,35 @@ class StoreReplication(StoreCore):
                 f"offset {from_offset} was deleted by retention (the log starts at "
                 f"{log.min_offset}): the replica fell too far behind; seed it again"
             )
-        limit = self._committer.flushed if self._committer is not None else 0
-        if self._cut_at is not None:
-            limit = min(limit, self._cut_at)
+        limit = self._flusher.flushed
+        cut = self._flusher.cut_at
+        if cut is not None:
+            limit = min(limit, cut)
         return log.read_raw(from_offset, limit, max_bytes)
 
     def append_replicated(self, offset: int, data: bytes, next_offset: int) -> set[tuple[str, int]]:
-        """Slave: write the master's bytes at the same offsets, then dispatch the records to
-        their queues and the key index as recovery does. Returns the (topic, queue) pairs that
-        grew. Durability is the caller's: await ``committer.wait_durable()``."""
-        self._check_open()
-        if offset != self.log.write_pos:
+        """Slave: write the master's bytes at the same offsets, then index the records as
+        recovery does. Returns the (topic, queue) pairs that grew. Durability is the caller's:
+        await ``committer.wait_durable()``."""
+        self._lifecycle.check_open()
+        if offset != self._log.write_pos:
             raise InvalidOffset(
-                f"replicated bytes start at {offset}, this log ends at {self.log.write_pos}"
+                f"replicated bytes start at {offset}, this log ends at {self._log.write_pos}"
             )
         records = parse_records(data, offset)  # all verified before anything is written
         try:
-            self.log.append_raw(offset, data, next_offset)
+            self._log.append_raw(offset, data, next_offset)
         except OSError as e:
             failure = StoreFailed(f"cannot write replicated records at offset {offset}: {e}")
-            assert self._committer is not None
-            self._committer.poison(failure)  # the store is FAILED; the log is cut at the flush
+            assert self._flusher.committer is not None
+            self._flusher.committer.poison(failure)  # FAILED; the log is cut at the flush
             raise failure from e
         grew: set[tuple[str, int]] = set()
+        dirty = self._queues.dirty
         for rec in records:
-            to_queue, to_index = live_targets(rec, self.fences)
-            cq = replay(
-                rec,
-                self.queues,
-                self.index,
-                self._cq_root,
-                self.config.cq_entries_per_file,
-                self.fences,
-                to_queue,
-                to_index,
-            )
-            self._dirty_queues.add(cq)
+            to_queue, to_index = live_targets(rec, self._fences)
+            dirty.add(replay(rec, self._queues, self._index, to_queue, to_index))
             if to_queue:
                 grew.add((rec.topic, rec.queue_id))
-        self.log.records += len(records)
+        self._log.records += len(records)
         return grew

@@ -1,27 +1,12 @@
-"""Copying open half messages forward, as RocketMQ re-puts the half messages it checks.
+"""Copying open half messages forward (:class:`HalfCopier`), as RocketMQ re-puts checked halves.
 
-A half record must outlive its segment while its transaction is open (prepared or parked): a
-parked transaction may be committed by hand days later, and the commit copies the half's body.
-Two things copy it forward, to the end of the log:
-
-- **Retention** (``before_retention``, the store's ``RetentionHook``): before the store deletes
-  segments, every open transaction whose half record lies in them is copied.
-- **Compaction** (``compact``, from the broker's housekeeping): recovery reads ``%HALF`` from
-  the oldest open half and ``%TXOP`` from its op mark (``txbroker.tx.recovery``). When that
-  span is much longer than the number of open transactions (one left parked for days under
-  steady traffic), the oldest are copied so the marks, and the restart's reads, move up.
-
-A copy keeps the body, the born time and every property of the half (message id, keys, tags,
-headers, transaction id, target, producer group, check URL, timeout, traceparent, deliver-at)
-and adds the transaction as it is now: state (parked too), counted checks, next check, last
-reason, the first half's store time, and how many times it was copied. Its op mark is the end
-of ``%TXOP`` now, so the op records before it (a park) may go: the copy says what they said.
-
-A move: append the copies; wait until they are durable; point each ``Tx`` at its copy (so a
-commit reads it there and the low-water marks move); save ``tx.json``. Only then may the old
-segment go. A crash in between leaves two half records of one transaction, and recovery takes
-the later one. A transaction that ends while its copy is written keeps its decision record,
-which recovery finds for either copy.
+A half record must outlive its segment while its transaction is open: a parked transaction may
+be committed by hand days later, and the commit copies the half's body. The copier appends a
+copy at the end of the log before retention deletes the half's segment (the store's
+``RetentionHook``) and when recovery's span grows much longer than the open transactions
+(compaction). A copy carries the transaction's state, so the op records before it may go; a
+crash between writing copies and saving ``tx.json`` leaves two halves, and recovery keeps the
+later. The steps and properties: docs/transactions.md, "Half messages copied forward".
 """
 
 from __future__ import annotations
@@ -47,14 +32,14 @@ from txbroker.tx.state import (
     Tx,
 )
 
-__all__ = ["COMPACT_FACTOR", "COMPACT_MIN_SPAN", "HalfMover", "copy_properties"]
+__all__ = ["COMPACT_FACTOR", "COMPACT_MIN_SPAN", "HalfCopier", "copy_properties"]
 
 log = logging.getLogger(__name__)
 
 _TX_HALF: Final = int(RecordFlag.TX_HALF)
-# Recovery reads about 35,000 %HALF records a second on the build machine (each a record read
-# and a key-index look-up; `txbroker bench tx-recovery`), so a span of 10,000 costs about a
-# third of a second at start: not worth copying for.
+# A span of this many %HALF records costs recovery about a third of a second at start (each a
+# record read and a key-index look-up; docs/benchmarks.md, "Transaction recovery"): not worth
+# copying for.
 COMPACT_MIN_SPAN: Final = 10_000
 # Past four records per open transaction, the oldest are copied; half the allowed span is kept
 # where it is, so a compaction leaves the span under the trigger and copies at most one record
@@ -88,7 +73,7 @@ def copy_properties(props: dict[str, str], tx: Tx, op_mark: int) -> dict[str, st
     return out
 
 
-class HalfMover:
+class HalfCopier:
     """Copies open halves forward for retention and compaction. Created with the store (so
     retention never runs without it) and started once the coordinator has recovered: before
     that, retention waits (``before_retention`` raises)."""

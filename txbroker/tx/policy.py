@@ -1,14 +1,12 @@
-"""Admission of a PREPARE: what it must name before anything is written.
+"""What a PREPARE must name before anything is written: :class:`PreparePolicy`.
 
 A producer group with a check-back secret (back-checks are signed with it, so a group without
 one could never be checked), an http(s) check URL or ``pull`` (its checks wait for the group's
 pollers, ``txbroker.tx.pull``), a timeout within the configured bounds, and
 a transaction id of the allowed characters (chosen here when the client sent none). Groups and
 URLs that passed once are remembered, so a steady stream of PREPAREs re-validates nothing.
-
-Separate from the coordinator because it is policy, not transaction state. The coordinator
-binds :meth:`Admission.check` once and calls it first on every PREPARE (one call, as when it
-was a method of its own); the back-checker asks :meth:`Admission.secret_for` for the key.
+Separate from the coordinator because it is policy, not transaction state; the back-checker asks
+:meth:`PreparePolicy.secret_for` for the signing key.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from txbroker.protocol.messages import TxPrepareRequest
 from txbroker.protocol.names import validate_topic
 from txbroker.tx.pull import PULL_CHECK_URL
 
-__all__ = ["Admission"]
+__all__ = ["PreparePolicy"]
 
 _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 # Producer groups and check URLs validated once are remembered (up to this many each), so a
@@ -31,7 +29,9 @@ _TX_ID: Final = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 SEEN_MAX: Final = 4096
 
 
-class Admission:
+class PreparePolicy:
+    """Decides whether a PREPARE is admitted: :meth:`check` raises ``InvalidArgument`` if not."""
+
     def __init__(
         self,
         secrets: dict[str, str],

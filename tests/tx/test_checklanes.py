@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from txbroker.tx.lanes import Breaker, FairLanes, LaneSettings, endpoint_of
+from txbroker.tx.checklanes import Breaker, FairLanes, LaneSettings, endpoint_of
 
 SICK = "http://sick:80"
 WELL = "http://well:80"

@@ -1,20 +1,10 @@
 """The master epochs a broker's log went through: where each master's writes begin.
 
-Failover (``failover.py``) makes a slave master at the end of its log: everything it holds came
-from the old master, flushed there first. The old master may hold more (records it flushed that
-never reached this slave): when it comes back as a slave, those bytes are a *divergent tail*,
-not the group's history, and it must cut them before it follows. It learns where from this
-history, as Kafka followers do from the leader epoch cache (KIP-101, "Leader Epoch"):
-
-- A new master appends ``(epoch, start)``: its election epoch (the etcd key's create revision,
-  higher for every later term) and its log's end when it took over. Slaves copy the master's
-  history with every fetch answer and keep it in ``meta/epochs.json``.
-- A slave fetches with the last epoch of its own history. The master answers where that epoch
-  ended in *its* history (the start of the first later epoch): a slave whose log runs past it
-  holds bytes no later master wrote there, and cuts its log at that offset.
-
-A broker that never ran under an election (``--role master``, ``--replica-of``) has an empty
-history, and no fetch of its slaves is ever told to cut.
+A new master appends ``(epoch, start)``: its election epoch and its log's end when it took
+over; slaves copy the master's history with every fetch answer (``meta/epochs.json``). A slave
+fetches with its last epoch, and the master answers where that epoch ended in *its* history: a
+slave whose log runs past it holds a divergent tail no later master wrote, and cuts it there
+(Kafka's leader epoch cache, KIP-101). A broker never elected has an empty history.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Master → slave replication of the commit log, the broker's side (issue 22, item 4).
+"""The master's side of replication: REPL_FETCH and its slaves' flushed offsets.
 
-A slave (``txbroker serve --replica-of txb://MASTER``) runs :class:`~txbroker.server.replicator
-.Replicator`: it sends REPL_FETCH {from_offset = the end of its log, flushed_offset} to the
-master, writes the answer's bytes verbatim at the same offsets, fdatasyncs, and replays them
-into its consume queues and key index (``txbroker.store.replica``). The master answers from
-its flushed log only, so a slave never holds a record the master could lose.
-
-The master (this module) keeps each slave's reported flushed offset in a
-:class:`ReplicaTracker`. With ``--replication sync --min-insync N`` the tracker is installed as
-the store's replication gate: a write's answer (sends, batches, transactions: they all wait on
-``store.durable_together()``/``durable()``) goes out once N slaves have reported the log
-flushed past it, or fails with ``REPLICATION_TIMEOUT`` after ``--replication-timeout-ms``.
-With ``async`` (the default) writes are answered after the master's own flush, as without
-slaves. See docs/cluster.md, "Replication".
+A slave fetches from the end of its log and reports its flushed offset; the master answers
+from its flushed log only, so a slave never holds a record the master could lose. With
+``--replication sync --min-insync N`` the :class:`ReplicaTracker` is the store's replication
+gate: a write's answer waits until N slaves reported the log flushed past it, or fails with
+``REPLICATION_TIMEOUT``. With ``async`` writes are answered after the master's own flush.
 """
 
 from __future__ import annotations
@@ -25,21 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from txbroker.errors import InvalidArgument, NotMaster, ReplicationTimeout
-from txbroker.protocol.frames import Opcode
+from txbroker.errors import NotMaster, ReplicationTimeout
 from txbroker.protocol.messages import ReplFetchRequest, ReplFetchResponse
-from txbroker.server.connection import DirectHandler, Handler
-from txbroker.server.epochs import EpochHistory
+from txbroker.server.connection import Deferred, later
+from txbroker.server.replication import ReplicationSettings
+from txbroker.server.replication.epochs import EpochHistory
 from txbroker.store import MessageStore
 
-__all__ = [
-    "GROUP_MEMBERSHIP",
-    "MAX_FETCH_BYTES",
-    "ReplicaTracker",
-    "ReplicationSettings",
-    "fetch_handler",
-    "refuse_writes",
-]
+__all__ = ["MAX_FETCH_BYTES", "ReplicaTracker", "ReplicationMaster"]
 
 log = logging.getLogger(__name__)
 
@@ -49,50 +34,6 @@ MAX_FETCH_BYTES: Final = 8 << 20
 # A fetch with nothing new is held at most this long: bounded like a consumer's long poll, short
 # enough that a slave's report of its flushed offset is never older than this when idle.
 MAX_FETCH_WAIT_MS: Final = 30_000
-# Requests a slave refuses: every one that writes the log, topics (whose registry a slave takes
-# from its master) or a group's committed offsets (a slave holds its master's, copied).
-WRITES: Final = (
-    Opcode.SEND,
-    Opcode.SEND_BATCH,
-    Opcode.TX_PREPARE,
-    Opcode.TX_END,
-    Opcode.TX_RESOLVE,
-    Opcode.ACK,
-    Opcode.NACK,
-    Opcode.DLQ_REDRIVE,
-    Opcode.TOPIC_CREATE,
-    Opcode.TOPIC_DELETE,
-)
-# What else a broker of an elected group serves only as master: a consumer group lives on its
-# group's master. A slave there may still hold a tail no later master has (it learns so only
-# when it next fetches), and a position read on it could pass records the master writes there.
-GROUP_MEMBERSHIP: Final = (Opcode.HEARTBEAT, Opcode.PULL, Opcode.LEAVE)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicationSettings:
-    """The replication settings of ``ServerConfig`` in one place (read once, at start)."""
-
-    replica_of: str | None = None  # txb://host:port of the master: this broker is a slave
-    mode: str = "async"  # sync | async: what a master's write waits for
-    min_insync: int = 1  # sync: slaves that must have flushed a write before its answer
-    timeout_ms: int = 5_000  # sync: the longest a write waits for them
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("sync", "async"):
-            raise InvalidArgument(f"replication must be sync or async, got {self.mode!r}")
-        if self.min_insync < 1:
-            raise InvalidArgument(f"min_insync must be at least 1, got {self.min_insync}")
-        if self.timeout_ms <= 0:
-            raise InvalidArgument(f"replication_timeout_ms must be positive, got {self.timeout_ms}")
-        if self.replica_of is not None and not self.replica_of.startswith("txb://"):
-            raise InvalidArgument(
-                f"replica_of must be the master's txb://host:port, got {self.replica_of!r}"
-            )
-
-    @property
-    def slave(self) -> bool:
-        return self.replica_of is not None
 
 
 @dataclass(slots=True)
@@ -133,7 +74,7 @@ class ReplicaTracker:
         self._open: _Batch | None = None
         self.timeouts = 0
 
-    # --- the gate (txbroker.store.replica.ReplicationGate) --------------------------------
+    # --- the gate (txbroker.store.flush.ReplicationGate) --------------------------------
 
     def covering(self, offset: int) -> asyncio.Future[None]:
         # The slaves fetch flushed bytes only: start the master's flush of this write now
@@ -245,20 +186,59 @@ class _FlushSignal:
             await asyncio.wait((self._fut,), timeout=left)  # never cancels the shared future
 
 
-def fetch_handler(
-    store: MessageStore,
-    tracker: ReplicaTracker,
-    epochs: EpochHistory | None = None,
-    offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
-) -> Handler:
-    """The master's REPL_FETCH: record the slave's report, hold the request until the log is
-    flushed past ``from_offset`` (at most ``wait_ms``), answer with whole flushed records.
-    With an epoch history (elected masters), first tell a slave whose log runs past where its
-    last epoch ended here to cut it there (epochs.py)."""
-    signal: _FlushSignal | None = None
+Offsets = Callable[[], dict[str, dict[str, dict[int, int]]]]
 
-    async def repl_fetch(req: ReplFetchRequest) -> ReplFetchResponse:
-        nonlocal signal
+
+class ReplicationMaster:
+    """What a master does for its slaves: answer REPL_FETCH (:meth:`handle`) and track them.
+
+    A term begins with :meth:`begin` (a new tracker) and, with sync replication, :meth:`gate`
+    (the store's writes wait for the slaves). With an epoch history (elected masters), a slave
+    whose log runs past where its last epoch ended here is first told to cut it there."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        settings: ReplicationSettings,
+        *,
+        epochs: EpochHistory | None = None,
+        offsets: Offsets | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._epochs = epochs
+        self._offsets = offsets
+        self.tracker: ReplicaTracker | None = None  # the current term's
+        self._signal: _FlushSignal | None = None  # installed with the first slave only
+
+    def begin(self, covered: int | None = None) -> ReplicaTracker:
+        """A term as master: slaves are tracked from now (``covered``: see ReplicaTracker)."""
+        s = self._settings
+        self.tracker = ReplicaTracker(
+            self._store, s.min_insync, s.timeout_ms / 1000, covered=covered
+        )
+        return self.tracker
+
+    def gate(self) -> None:
+        """With sync replication, make every write's answer wait for the slaves."""
+        if self._settings.mode != "sync":
+            return
+        self._store.replication_gate = self.tracker
+        log.info(
+            "replication: sync, a write is answered once %d slave(s) flushed it (at most %d ms)",
+            self._settings.min_insync,
+            self._settings.timeout_ms,
+        )
+
+    def handle(self, req: ReplFetchRequest) -> Deferred:
+        """REPL_FETCH's handler: held until the log is flushed past ``from_offset`` (at most
+        ``wait_ms``), answered with whole flushed records."""
+        return later(self._fetch(req))
+
+    async def _fetch(self, req: ReplFetchRequest) -> ReplFetchResponse:
+        store, epochs, tracker = self._store, self._epochs, self.tracker
+        if tracker is None:  # refused before it gets here (role.py): a term not begun
+            raise NotMaster("this broker is not serving its slaves now")
         history = epochs.entries if epochs is not None else []
         if history:
             end = epochs.end_of(req.last_epoch) if epochs is not None else None
@@ -282,11 +262,12 @@ def fetch_handler(
         tracker.report(req.replica, req.flushed_offset)
         wait_ms = min(max(req.wait_ms, 0), MAX_FETCH_WAIT_MS)
         if req.from_offset >= store.flushed_offset and wait_ms:
-            if signal is None:
-                signal = _FlushSignal(store)  # installed with the first slave only
-            await signal.wait_past(req.from_offset, wait_ms / 1000)
+            if self._signal is None:
+                self._signal = _FlushSignal(store)
+            await self._signal.wait_past(req.from_offset, wait_ms / 1000)
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         data, nxt = store.read_replicated(req.from_offset, max_bytes)
+        offsets = self._offsets
         return ReplFetchResponse(
             req.from_offset,
             data,
@@ -296,45 +277,3 @@ def fetch_handler(
             offsets=offsets() if req.with_offsets and offsets is not None else None,
             master_covered=tracker.covered,
         )
-
-    return repl_fetch
-
-
-def refuse_writes(
-    handlers: dict[int, Handler], direct: dict[int, DirectHandler], master: str
-) -> None:
-    """A slave: every request in ``WRITES`` is answered ``NOT_MASTER`` naming the master."""
-
-    async def refuse(_: object) -> None:
-        raise NotMaster(
-            f"this broker is a slave of {master}: writes and offset commits go to the master"
-        )
-
-    for op in WRITES:
-        handlers[op] = refuse
-        direct.pop(op, None)
-
-
-def install(
-    settings: ReplicationSettings,
-    store: MessageStore,
-    handlers: dict[int, Handler],
-    direct: dict[int, DirectHandler],
-    offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] | None = None,
-) -> ReplicaTracker | None:
-    """Wire replication into a starting broker: a master serves REPL_FETCH (and with sync
-    replication gates its writes on the tracker); a slave refuses writes. Returns the tracker
-    (None on a slave)."""
-    if settings.replica_of is not None:
-        refuse_writes(handlers, direct, settings.replica_of)
-        return None
-    tracker = ReplicaTracker(store, settings.min_insync, settings.timeout_ms / 1000)
-    handlers[Opcode.REPL_FETCH] = fetch_handler(store, tracker, offsets=offsets)
-    if settings.mode == "sync":
-        store.replication_gate = tracker
-        log.info(
-            "replication: sync, a write is answered once %d slave(s) flushed it (at most %d ms)",
-            settings.min_insync,
-            settings.timeout_ms,
-        )
-    return tracker
