@@ -5,12 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint imports typecheck pytest clean system
+.PHONY: demo test lint imports typecheck pytest clean system node
 
 # Debian packages the project uses beside its Python ones: the JDBC drivers Spark reads the
 # services' tables with, Java for Spark, Chromium for the tests that look at pages, and etcd,
 # the coordination store of broker groups (docs/cluster.md; tests start their own).
-DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus docker-compose etcd-server
+DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus docker-compose etcd-server curl jq
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,21 @@ $(STAMP): pyproject.toml
 demo: system $(STAMP)
 	$(BIN)/python -m examples.demo
 
-test: system $(STAMP) lint imports typecheck pytest
+test: system $(STAMP) node lint imports typecheck pytest
+
+# The Node.js orders service of tests/http/test_node_service.py: its packages, exactly as locked.
+# Without npm the test skips (and fails under CI=true, which must run it).
+NODE_SERVICE := tests/http/node
+NODE_STAMP := $(NODE_SERVICE)/node_modules/.package-lock.json
+
+node: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_SERVICE)/package.json $(NODE_SERVICE)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(NODE_SERVICE) --no-audit --no-fund; \
+	else \
+		echo "npm is not installed: the Node.js service test will skip"; \
+	fi
 
 # Installs what is missing (as root, or through sudo); says how when it cannot.
 system:
@@ -50,4 +64,4 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_SERVICE)/node_modules

@@ -70,8 +70,8 @@ async def test_admin_api_reads_need_read_and_actions_need_admin(secured: BrokerP
         assert (await h.get("/healthz")).status_code == 200
         assert (await h.get("/v1/topics")).status_code == 401
         r = await h.get("/v1/topics", headers=_bearer(PRODUCER))
-        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
-        assert "read role" in r.json()["error"]["message"]
+        assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN"
+        assert "read role" in r.json()["detail"]
         assert (await h.get("/metrics", headers=_bearer(PRODUCER))).status_code == 403
         r = await h.get("/v1/topics", headers=_bearer(READER))
         assert {t["topic"] for t in r.json()["topics"]} >= {"orders", "audit"}
@@ -79,14 +79,19 @@ async def test_admin_api_reads_need_read_and_actions_need_admin(secured: BrokerP
         assert [t["topic"] for t in r.json()["topics"]] == ["orders"]  # filtered
         r = await h.get("/v1/messages", params={"topic": "audit", "key": "k"},
                         headers=_bearer(ORDERS_READER))  # fmt: skip
-        assert r.status_code == 403 and "'audit'" in r.json()["error"]["message"]
+        assert r.status_code == 403 and "'audit'" in r.json()["detail"]
         r = await h.get(f"/v1/transactions/{tx.tx_id}", headers=_bearer(READER))
         assert r.status_code == 200 and r.json()["topic"] == "orders"
-        for token in (READER, PRODUCER):
-            r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback", headers=_bearer(token))
-            assert r.status_code == 403, token
-        r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback", headers=_bearer(ADMIN))
+        # Commit and rollback are the producer's decision: produce (or admin) on the topic;
+        # resuming a parked transaction is the operator's: admin.
+        r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback", headers=_bearer(READER))
+        assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN"
+        r = await h.post(f"/v1/transactions/{tx.tx_id}/resume", headers=_bearer(PRODUCER))
+        assert r.status_code == 403
+        r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback", headers=_bearer(PRODUCER))
         assert r.status_code == 200 and r.json()["state"] == "rolled_back"
+        r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback", headers=_bearer(ADMIN))
+        assert r.status_code == 200 and r.json()["duplicate"] is True
 
 
 def _csrf(html: str) -> str:

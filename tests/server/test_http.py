@@ -47,18 +47,18 @@ async def test_admin_endpoints(broker: BrokerProcess) -> None:
         assert "txbroker_consumer_lag{" in metrics and "txbroker_server_connections{" in metrics
 
 
-async def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:
+async def test_admin_errors_are_problems_with_status(broker: BrokerProcess) -> None:
     async with httpx.AsyncClient(base_url=broker.http) as h:
         r = await h.get("/v1/messages", params={"topic": "orders"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_ARGUMENT"
+        assert r.status_code == 400 and r.json()["code"] == "BAD_REQUEST"
         r = await h.get("/v1/messages", params={"topic": "nope", "key": "k"})
-        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+        assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND"
         r = await h.get("/v1/messages", params={"topic": "bad/name", "key": "k"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_NAME"
+        assert r.status_code == 422 and r.json()["code"] == "INVALID_NAME"
         r = await h.get("/v1/messages/0123")
         assert r.status_code == 404
         r = await h.get("/no/such/thing")
-        assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+        assert r.status_code == 404 and "no such endpoint" in r.json()["detail"]
 
 
 async def test_admin_requires_the_token_when_the_broker_has_one(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ async def test_admin_requires_the_token_when_the_broker_has_one(tmp_path: Path) 
         async with httpx.AsyncClient(base_url=b.http) as h:
             assert (await h.get("/healthz")).status_code == 200  # liveness stays open
             r = await h.get("/v1/topics")
-            assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+            assert r.status_code == 401 and r.json()["code"] == "UNAUTHENTICATED"
             r = await h.get("/v1/topics", headers={"Authorization": "Bearer wrong"})
             assert r.status_code == 401
             r = await h.get("/v1/topics", headers={"Authorization": "Bearer s3cret"})

@@ -274,7 +274,7 @@ async def test_http_admin_lists_and_resolves(broker: BrokerProcess, checks: Chec
         r = await h.post(f"/v1/transactions/{tx.tx_id}/commit")
         assert r.status_code == 200 and r.json()["state"] == "committed"
         r = await h.post(f"/v1/transactions/{tx.tx_id}/rollback")
-        assert r.status_code == 409 and r.json()["error"]["code"] == "TRANSACTION_CONFLICT"
+        assert r.status_code == 409 and r.json()["code"] == "TRANSACTION_CONFLICT"
         metrics = (await h.get("/metrics")).text
         assert 'txbroker_tx_decision="commit"} 1.0' in metrics
         assert re.search(r"^txbroker_tx_pending\{.*\} 0\.0$", metrics, re.M)

@@ -52,7 +52,8 @@ _GET_PATHS: Final = (
 _POST_PATHS: Final = (
     "/v1/transactions/{n}/{a}", "/console/login", "/console/logout",
     "/console/transactions/{n}/{a}", "/console/deadletters/{n}/redrive", "/v1/topics",
-    "/console/", "/healthz",
+    "/console/", "/healthz", "/v1/topics/{n}/messages", "/v1/topics/fuzz-healthy/messages",
+    "/v1/transactions",
 )  # fmt: skip
 _ACTIONS: Final = ("commit", "rollback", "resume", "delete", "", "..")
 _METHODS: Final = (
@@ -200,7 +201,12 @@ def _judge(method: str, path: str, answer: _Answer | None, sent: bool) -> str:
             return "reset while the body was sent"
         raise _Crash(f"{method} {path[:80]!r}: closed without an answer")
     kind = answer.headers.get("content-type", "").partition(";")[0] or "empty"
-    label = {"application/json": "json", "text/html": "html", "text/plain": "text"}.get(kind, kind)
+    label = {
+        "application/json": "json",
+        "application/problem+json": "json",  # RFC 9457: every error of the HTTP API
+        "text/html": "html",
+        "text/plain": "text",
+    }.get(kind, kind)
     if 300 <= answer.status < 400:
         label = "redirect"
     where = f"{method} {path[:80]!r} -> {answer.status} {label}"

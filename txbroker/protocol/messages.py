@@ -196,6 +196,8 @@ class NackRequest(msgspec.Struct, frozen=True):
     generation: int
     queue_id: int
     queue_offset: int
+    # When to deliver it again; None: the group's retry ladder for its reconsume count.
+    delay_ms: int | None = None
 
 
 class NackResponse(msgspec.Struct, frozen=True):

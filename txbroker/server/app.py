@@ -13,6 +13,7 @@ from typing import TypeAlias
 from starlette.routing import BaseRoute, Mount
 
 from txbroker import __version__
+from txbroker.cluster.routes import BrokerInfo
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.runtime.brokerproc import READY_PREFIX
@@ -32,11 +33,12 @@ from txbroker.server.deletion import TopicDeletion
 from txbroker.server.failover import Failover, MasterDuties
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.handlers import build_handlers
-from txbroker.server.http import build_http_app
+from txbroker.server.http import build_http_app, tcp_requests
 from txbroker.server.longpoll import Notifier
 from txbroker.server.membership import Membership, MembershipSettings
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import Producer
+from txbroker.server.receipts import Receiver
 from txbroker.server.replication.epochs import EpochHistory
 from txbroker.server.replication.master import ReplicationMaster, ReplicaTracker
 from txbroker.server.replication.slave import Replicator, replica_name
@@ -75,6 +77,7 @@ class BrokerServer:
             config.data_dir / "meta", session_timeout_ms=config.session_timeout_ms
         )
         self.consumer: ConsumerService | None = None
+        self.receiver: Receiver | None = None  # receiving by receipt (the HTTP API)
         self.scheduler: DelayScheduler | None = None
         self.tx: TxCoordinator | None = None
         self.checker: BackChecker | None = None
@@ -96,6 +99,7 @@ class BrokerServer:
         self.replicas: ReplicaTracker | None = None  # master: its slaves' flushed offsets
         self.replicator: Replicator | None = None  # slave: the task following the master
         self.failover: Failover | None = None  # --role auto in a group: the role as elected
+        self.master_http: str | None = None  # the elected master's HTTP URL, when another's
         self.role = Role()  # what is served now: a slave refuses writes (role.py)
         # The opcode -> handler table every front end calls (docs/server.md).
         self.handlers: dict[int, Handler] = {}
@@ -235,6 +239,9 @@ class BrokerServer:
             cfg.token_table(), lambda tx_id: t.topic if (t := tx.find(tx_id)) else None
         )
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txb-groups")
+        broker = tcp_requests(handlers, self.role)  # the HTTP API's way into the handlers
+        self.receiver = Receiver(broker, self.topics)
+        self.receiver.start()
 
         def hello(_: Hello) -> HelloOk:
             return HelloOk(__version__, PROTOCOL_VERSION)
@@ -298,13 +305,16 @@ class BrokerServer:
             self.store,
             self.topics,
             admin,
-            self.scheduler,
-            tokens=access.tokens,
             tx=self.tx,
             checker=self.checker,
             metrics=self.metrics,
             connections=admission.info,
             extra_routes=extra,
+            broker=broker,
+            access=access,
+            dedup_window_ms=cfg.dedup_window_ms,
+            master_http=lambda: self.master_http,
+            receiver=self.receiver,
         )
         self._http = HttpServer(app, cfg.host, cfg.http_port, tls=tls)
         await self._http.start()
@@ -327,7 +337,7 @@ class BrokerServer:
                 MembershipSettings.of(cfg, self.port, self.http_port, tls is not None),
                 flushed_offset=lambda: self.store.flushed_offset if self.store else 0,
                 log_epoch=lambda: self.epochs.last_epoch,
-                on_master=failover.on_master if failover is not None else None,
+                on_master=self._on_master if failover is not None else None,
                 on_elected=failover.promote if failover is not None else None,
                 on_step_down=failover.step_down if failover is not None else None,
             )
@@ -370,6 +380,12 @@ class BrokerServer:
 
         failover = Failover(duties, replicator_for, cfg.data_dir, self._request_restart)
         return failover
+
+    def _on_master(self, info: BrokerInfo | None) -> None:
+        # Where the HTTP API redirects writes (the failover itself follows the TCP address).
+        self.master_http = info.http if info is not None else None
+        assert self.failover is not None
+        self.failover.on_master(info)
 
     def _adopt_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
         store = self.store
@@ -477,6 +493,8 @@ class BrokerServer:
             await asyncio.gather(self._housekeeping, return_exceptions=True)
         if self.admission is not None:
             await self.admission.stop()
+        if self.receiver is not None:
+            await self.receiver.stop()  # held receives answer now: the HTTP server stops sooner
         if self._http is not None:
             await self._http.stop()
         if self.metrics is not None:

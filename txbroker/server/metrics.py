@@ -148,6 +148,12 @@ class BrokerMetrics:
             description="Back-checks waiting for their answer now.",
         )
         m.create_observable_gauge(
+            "txbroker.tx.checks.pull.queued",
+            [_gauge(lambda: self._checker.pull_queued)],
+            unit="{check}",
+            description="Back-checks by pull that are due and wait for a poller of their group.",
+        )
+        m.create_observable_gauge(
             "txbroker.tx.check.endpoints.open",
             [_gauge(lambda: self._checker.open_endpoints)],
             unit="{endpoint}",

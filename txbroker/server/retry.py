@@ -23,7 +23,7 @@ from txbroker.protocol.messages import (
     NackRequest,
     NackResponse,
 )
-from txbroker.server.delay import DelayScheduler
+from txbroker.server.delay import MAX_DELAY_MS, DelayScheduler
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.longpoll import Notifier
 from txbroker.server.producer import queue_for_key
@@ -115,7 +115,12 @@ class RetryService:
                 await self._store.append(Message(target, original.body, 0, props, original.flags))
                 self._notifier.notify(target, 0)
             return NackResponse(rc, True, 0)
-        at = time.time_ns() // 1_000_000 + self._delays[min(rc, len(self._delays)) - 1]
+        delay_ms = req.delay_ms
+        if delay_ms is None:
+            delay_ms = self._delays[min(rc, len(self._delays)) - 1]
+        elif not 0 <= delay_ms <= MAX_DELAY_MS:
+            raise InvalidArgument(f"delay_ms must be 0..{MAX_DELAY_MS}")
+        at = time.time_ns() // 1_000_000 + delay_ms
         if not await self._store.lookup(KeyKind.INTERNAL, key, limit=1):
             copy = Message(retry_topic(req.group), original.body, 0, props, original.flags)
             self._check_alive(original)

@@ -5,7 +5,8 @@ COMMIT and ROLLBACK resolve it through the coordinator (fenced like an END_TX); 
 is UNKNOWN and checked again with exponential backoff. After ``max_checks`` checks that reached
 the endpoint it is PARKED for an operator. Bounded and fair: at most ``concurrency`` checks in
 flight, due checks served through the fair lanes (``txbroker.tx.checklanes``), and a total
-``deadline_ms`` per check. :class:`BackChecker` gives the rules.
+``deadline_ms`` per check. A check with ``check_url`` = ``pull`` is queued for its
+producer group's pollers instead (``txbroker.tx.pull``). :class:`BackChecker` gives the rules.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Final
 import httpx
 from opentelemetry.trace import Span
 
-from txbroker.errors import TransactionConflict, TxbError
+from txbroker.errors import NotMaster, TransactionConflict, TxbError
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker.tx import spans
 from txbroker.tx.checklanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.coordinator import TxCoordinator
+from txbroker.tx.pull import PULL_CHECK_URL, PulledCheck, PullQueues
 from txbroker.tx.state import CheckRecord, Decision, Resolver, Tx, TxState
 from txbroker_checkback import CheckOutcome, CheckRequest, CheckResult, CheckStatus, call_check
 
@@ -94,6 +96,8 @@ class BackChecker:
         self._free = settings.concurrency  # global lanes not in use
         self._checking: set[str] = set()  # transactions whose check is out
         self._inflight: set[asyncio.Task[None]] = set()
+        self._pulls = PullQueues()
+        self._expiring: set[asyncio.Task[None]] = set()  # pulled checks whose window ended
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         # Statistics for /metrics and the bench.
@@ -113,6 +117,7 @@ class BackChecker:
         limits = httpx.Limits(max_connections=self.settings.concurrency)
         self._http = httpx.AsyncClient(limits=limits, follow_redirects=False)
         self._heap.clear()  # started again after a failover: the open ones are scheduled anew
+        self._pulls.clear()
         for tx in self._coord.open.values():
             if tx.state is TxState.PREPARED:
                 self.schedule(tx)
@@ -122,9 +127,11 @@ class BackChecker:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for t in list(self._inflight):
+            self._task = None
+        self._pulls.wake_all()  # pollers answer that this broker no longer checks
+        for t in [*self._inflight, *self._expiring]:
             t.cancel()
-        await asyncio.gather(*self._inflight, return_exceptions=True)
+        await asyncio.gather(*self._inflight, *self._expiring, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
 
@@ -158,9 +165,15 @@ class BackChecker:
             while self._heap and self._heap[0][0] <= now:
                 due_ms, tx_id = heapq.heappop(self._heap)
                 tx = self._coord.open.get(tx_id)
-                if tx is None or tx.state is not TxState.PREPARED or tx.next_check_ms != due_ms:
-                    continue  # ended, parked, or rescheduled since: a stale heap entry
-                self._lanes.push(tx_id, endpoint_of(tx.check_url), tx.producer_group)
+                if tx is None or tx.state is not TxState.PREPARED:
+                    self._pulls.answered(tx_id)  # ended or parked: a check out is moot
+                    continue
+                if tx.next_check_ms != due_ms:
+                    continue  # rescheduled since: a stale heap entry
+                if tx.check_url == PULL_CHECK_URL:
+                    self._offer(tx)
+                else:
+                    self._lanes.push(tx_id, endpoint_of(tx.check_url), tx.producer_group)
             while self._free > 0:
                 got = self._lanes.pop(time.monotonic(), self._due)
                 if got is None:
@@ -181,6 +194,110 @@ class BackChecker:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(nap):
                     await self._wake.wait()
+
+    # --- back-checks by pull ---
+
+    def _offer(self, tx: Tx) -> None:
+        """``tx``'s pulled check is due: its answer window ended if one is out (a timeout),
+        otherwise a new check waits for the group's pollers."""
+        out = self._pulls.answered(tx.tx_id)
+        if out is not None and out.due_ms == tx.next_check_ms:
+            task = asyncio.create_task(self._expire(tx, out))
+            self._expiring.add(task)
+            task.add_done_callback(self._expiring.discard)
+            return
+        self._pulls.push(tx.producer_group, tx.tx_id)
+
+    async def _expire(self, tx: Tx, out: PulledCheck) -> None:
+        reason = f"no answer to the pulled check within {self.settings.deadline_ms} ms"
+        seconds = time.monotonic() - out.taken_s
+        await self._answered(
+            tx, CheckResult(CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, reason, seconds)
+        )
+
+    def _pull_due(self, tx_id: str) -> bool:
+        tx = self._coord.open.get(tx_id)
+        return (
+            tx is not None
+            and tx.state is TxState.PREPARED
+            and tx.check_url == PULL_CHECK_URL
+            and self._pulls.out(tx_id) is None
+            and tx.next_check_ms <= _now_ms()
+        )
+
+    async def pull(
+        self, group: str, max_checks: int, wait_s: float, may: Callable[[Tx], bool]
+    ) -> list[CheckRequest]:
+        """Up to ``max_checks`` due checks of producer ``group``'s pulled transactions that
+        ``may`` lets the poller see, waiting up to ``wait_s`` for the first. Each is out until
+        answered (:meth:`answer_unknown`, or the transaction's END_TX) or until ``deadline_ms``
+        passes, when it counts as timed out and is due again after the backoff."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while True:
+            if self._task is None:
+                raise NotMaster("this broker does not check transactions now: ask its master")
+            got = self._pulls.take(
+                group, max_checks, self._pull_due, lambda t: may(self._coord.open[t])
+            )
+            left = until - loop.time()
+            if got or left <= 0:
+                break
+            await self._pulls.wait(group, left)
+        now_ms, now_s = _now_ms(), time.monotonic()
+        out: list[CheckRequest] = []
+        for tx_id in got:
+            tx = self._coord.open[tx_id]
+            out.append(
+                CheckRequest(
+                    tx.tx_id, tx.topic, tx.producer_group, tx.checks, tx.key, tx.message_id
+                )
+            )
+            # Due again when the answer window ends: saved in tx.json like any due time, so
+            # after a restart the check is offered again instead of waiting for an answer
+            # to a check the new process never handed out.
+            tx.next_check_ms = now_ms + self.settings.deadline_ms
+            self._pulls.taken(tx_id, PulledCheck(tx.next_check_ms, now_s))
+            self.schedule(tx)
+        if got:
+            self._coord.snapshot.mark()
+        return out
+
+    async def answer_unknown(self, tx_id: str) -> Tx:
+        """A poller's explicit UNKNOWN to the check of ``tx_id`` out with it: counted as a
+        check answered UNKNOWN (backoff, then parking at ``max_checks``). Raises
+        TransactionConflict when no check of an open transaction is out (never taken,
+        answered already, or its window ended: it is offered again when due)."""
+        tx = self._coord.get(tx_id)
+        out = self._pulls.answered(tx_id)
+        if tx.state is not TxState.PREPARED:
+            raise TransactionConflict(
+                f"transaction {tx_id} is {tx.state.value}: no check to answer"
+            )
+        if out is None:
+            raise TransactionConflict(
+                f"no pulled check of transaction {tx_id} is out (not taken yet, answered "
+                "already, or its answer window ended): it is offered again when due"
+            )
+        seconds = time.monotonic() - out.taken_s
+        res = CheckResult(CheckStatus.UNKNOWN, CheckOutcome.ANSWERED, "answered UNKNOWN", seconds)
+        await self._answered(tx, res)
+        return tx
+
+    async def _answered(self, tx: Tx, res: CheckResult) -> None:
+        try:
+            self._record(tx, res)
+            await self._apply(tx, res)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # as for a check sent: it is rescheduled, others go on
+            log.exception("back-check of %s failed", tx.tx_id)
+            self._reschedule(tx, "internal error during the check")
+
+    @property
+    def pull_queued(self) -> int:
+        """Pulled checks due and waiting for a poller."""
+        return self._pulls.queued
 
     async def _call(
         self,

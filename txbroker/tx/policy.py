@@ -1,7 +1,8 @@
 """What a PREPARE must name before anything is written: :class:`PreparePolicy`.
 
 A producer group with a check-back secret (back-checks are signed with it, so a group without
-one could never be checked), an http(s) check URL, a timeout within the configured bounds, and
+one could never be checked), an http(s) check URL or ``pull`` (its checks wait for the group's
+pollers, ``txbroker.tx.pull``), a timeout within the configured bounds, and
 a transaction id of the allowed characters (chosen here when the client sent none). Groups and
 URLs that passed once are remembered, so a steady stream of PREPAREs re-validates nothing.
 Separate from the coordinator because it is policy, not transaction state; the back-checker asks
@@ -18,6 +19,7 @@ from txbroker.errors import InvalidArgument
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.messages import TxPrepareRequest
 from txbroker.protocol.names import validate_topic
+from txbroker.tx.pull import PULL_CHECK_URL
 
 __all__ = ["PreparePolicy"]
 
@@ -42,7 +44,7 @@ class PreparePolicy:
         self._timeout_ms = timeout_ms
         self._max_timeout_ms = max_timeout_ms
         self._groups_seen: set[str] = set()
-        self._urls_seen: set[str] = set()
+        self._urls_seen: set[str] = {PULL_CHECK_URL}  # valid as it is: not a URL to parse
 
     def secret_for(self, group: str) -> str | None:
         return self._secrets.get(group, self._default_secret)
@@ -63,7 +65,9 @@ class PreparePolicy:
         if req.check_url not in self._urls_seen:
             url = urlsplit(req.check_url)
             if url.scheme not in ("http", "https") or not url.hostname:
-                raise InvalidArgument(f"check_url must be an http(s) URL, not {req.check_url!r}")
+                raise InvalidArgument(
+                    f"check_url must be an http(s) URL or {PULL_CHECK_URL!r}, not {req.check_url!r}"
+                )
             if len(self._urls_seen) < SEEN_MAX:
                 self._urls_seen.add(req.check_url)
         timeout = self._timeout_ms if req.timeout_ms is None else req.timeout_ms

@@ -2,8 +2,8 @@
 and one transaction's timeline.
 
 The actions are the operator's END_TX and resume, as ``txbroker tx commit|rollback|resume``
-and ``POST /v1/transactions/{id}/{action}`` do: fenced like any decision, so a transaction that
-ended meanwhile answers with a conflict, shown as the notice.
+do: fenced like any decision, so a transaction that ended meanwhile answers with a conflict,
+shown as the notice.
 """
 
 from __future__ import annotations

@@ -1,67 +1,41 @@
-"""The HTTP admin API (Starlette), served by uvicorn inside the broker's event loop.
+"""The admin API's endpoints: listings for operators and dashboards.
 
-Health, topics, groups, messages by key or id, transactions and ``/metrics`` (the routes are
-listed in :func:`build_http_app`). Errors are JSON ``{"error": {"code", "message"}}`` with a
-status that fits the error class (a method an endpoint does not take too: 405
-``METHOD_NOT_ALLOWED``). With tokens (``tokens.py``), every endpoint but ``/healthz`` needs
-``Authorization: Bearer <token>`` (401 without a valid one) and the ``read`` role on what it
-shows; resolving a transaction needs ``admin`` on its topic (403 ``FORBIDDEN`` otherwise).
+Health, topics, groups, messages by key or id, transactions, back-check endpoints and
+``/metrics``; the routes are listed in :func:`admin_routes`. With tokens (``tokens.py``),
+every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 without a
+valid one) and the ``read`` role on what it shows; resuming a transaction needs ``admin``
+on its topic.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from txbroker.errors import (
-    Forbidden,
-    InvalidArgument,
-    NotFound,
-    TransactionConflict,
-    TxbError,
-    Unauthenticated,
-)
+from txbroker.errors import BadRequest, Forbidden, NotFound
 from txbroker.server.admin import Admin
-from txbroker.server.delay import DelayScheduler
+from txbroker.server.http.guard import guarded, principal
+from txbroker.server.http.problems import Unavailable
 from txbroker.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from txbroker.server.metrics import BrokerMetrics
 from txbroker.server.producer import HEADER_PREFIX
-from txbroker.server.tokens import ANYONE, Principal, Role, TokenTable
+from txbroker.server.tokens import Role, TokenTable
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import KeyKind, MessageStore, StoredMessage
 from txbroker.tx.checker import BackChecker
 from txbroker.tx.coordinator import TxCoordinator, tx_info
-from txbroker.tx.state import Decision, Resolver, TxState
+from txbroker.tx.state import TxState
 
-__all__ = ["build_http_app"]
+__all__ = ["admin_routes"]
 
-_STATUS: dict[type[TxbError], int] = {
-    NotFound: 404,
-    InvalidArgument: 400,
-    TransactionConflict: 409,
-    Unauthenticated: 401,
-    Forbidden: 403,
-}
 MAX_LOOKUP: int = 100
-
-
-def _status(err: TxbError) -> int:
-    for cls in type(err).__mro__:
-        if cls in _STATUS:
-            return _STATUS[cls]
-    return 503 if err.retriable else 500
-
-
-def _error(err: TxbError) -> JSONResponse:
-    return JSONResponse({"error": {"code": err.code, "message": str(err)}}, _status(err))
 
 
 def _message_json(m: StoredMessage) -> dict[str, Any]:
@@ -88,36 +62,28 @@ def _message_json(m: StoredMessage) -> dict[str, Any]:
     }
 
 
-def _who(request: Request) -> Principal:
-    """The request's principal (set by the guard; everyone on a broker without tokens)."""
-    who: Principal = request.scope.get("txb_principal", ANYONE)
-    return who
-
-
 def _need(request: Request, role: Role, topic: str | None) -> None:
     """Forbidden unless the request's token holds ``role`` on ``topic`` (None: a transaction
     the broker does not hold; the role itself is enough to be told it is not found)."""
-    who = _who(request)
+    who = principal(request)
     ok = who.has(role) if topic is None else who.may(role, topic)
     if not ok:
         where = f" on topic {topic!r}" if topic is not None else ""
         raise Forbidden(f"this needs the {role.value} role{where}; token {who.name!r} lacks it")
 
 
-def build_http_app(
+def admin_routes(
     store: MessageStore,
     topics: TopicRegistry,
     admin: Admin,
-    scheduler: DelayScheduler,
+    tokens: TokenTable,
+    *,
     metrics: BrokerMetrics | None = None,
-    tokens: TokenTable | None = None,
     tx: TxCoordinator | None = None,
     checker: BackChecker | None = None,
     connections: Callable[[], dict[str, Any]] | None = None,
-    extra_routes: Sequence[BaseRoute] = (),
-) -> Starlette:
-    """The admin API's app; ``extra_routes`` are mounted beside it (the console, from above:
-    the server does not import what it serves there).
+) -> list[BaseRoute]:
+    """The admin endpoints, behind the token check and the ``read`` role.
 
     ::
 
@@ -127,29 +93,10 @@ def build_http_app(
         GET /v1/messages?topic=T&key=K     messages of a topic by business key
         GET /v1/messages/{message_id}      one message by id
         GET /metrics                       OpenTelemetry metrics in Prometheus text (metrics.py)
-
-    Listings show only the topics the token may read.
+        GET /v1/transactions[/{tx_id}]     open (or recently ended) transactions
+        GET /v1/checks/endpoints           back-check endpoints and their breakers
+        POST /v1/transactions/{tx_id}/resume   an operator's: back-checks again for a parked one
     """
-    table = tokens or TokenTable()
-
-    def guarded(fn: Callable[[Request], Any], *, public: bool = False) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            if not public:
-                scheme, _, given = request.headers.get("authorization", "").partition(" ")
-                who = table.authenticate(given if scheme.lower() == "bearer" else None)
-                if who is None:
-                    err = Unauthenticated("send Authorization: Bearer <a token of this broker>")
-                    return JSONResponse({"error": {"code": err.code, "message": str(err)}}, 401)
-                if not who.has(Role.READ):
-                    return _error(Forbidden(f"token {who.name!r} lacks the read role"))
-                request.scope["txb_principal"] = who
-            try:
-                result: Response = await fn(request)
-                return result
-            except TxbError as e:
-                return _error(e)
-
-        return endpoint
 
     async def healthz(_: Request) -> Response:
         out: dict[str, Any] = {"status": "ok", "store": store.state.value}
@@ -158,7 +105,7 @@ def build_http_app(
         return JSONResponse(out)
 
     async def list_topics(request: Request) -> Response:
-        who = _who(request)
+        who = principal(request)
         out = [
             {
                 "topic": t.name,
@@ -171,7 +118,7 @@ def build_http_app(
         return JSONResponse({"topics": out})
 
     async def list_groups(request: Request) -> Response:
-        who = _who(request)
+        who = principal(request)
         out = [
             {
                 "group": g.group,
@@ -189,7 +136,7 @@ def build_http_app(
         topic = request.query_params.get("topic")
         key = request.query_params.get("key")
         if not topic or not key:
-            raise InvalidArgument("give both ?topic= and ?key=")
+            raise BadRequest("give both ?topic= and ?key=")
         _need(request, Role.READ, topic)
         topics.get(topic)
         found = await store.lookup(KeyKind.KEY, key, limit=MAX_LOOKUP)
@@ -207,8 +154,7 @@ def build_http_app(
     async def metrics_text(_: Request) -> Response:
         text = metrics.exposition() if metrics is not None else None
         if text is None:
-            message = "metrics need the OpenTelemetry SDK: pip install 'txbroker[otel]'"
-            return JSONResponse({"error": {"code": "unavailable", "message": message}}, 503)
+            raise Unavailable("metrics need the OpenTelemetry SDK: pip install 'txbroker[otel]'")
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     def coordinator() -> TxCoordinator:
@@ -219,9 +165,9 @@ def build_http_app(
     async def list_transactions(request: Request) -> Response:
         raw = request.query_params.get("state")
         if raw not in (None, "", "prepared", "parked"):
-            raise InvalidArgument("state must be prepared or parked")
+            raise BadRequest("state must be prepared or parked")
         state = TxState(raw) if raw else None
-        who = _who(request)
+        who = principal(request)
         found = coordinator().list(state, request.query_params.get("topic"))
         found = [t for t in found if who.may(Role.READ, t.topic)]
         return JSONResponse(
@@ -236,18 +182,15 @@ def build_http_app(
         _need(request, Role.READ, t.topic)
         return JSONResponse(msgspec.to_builtins(tx_info(t)))
 
-    async def resolve_transaction(request: Request) -> Response:
+    async def resume_transaction(request: Request) -> Response:
+        # Commit and rollback have their own routes (messaging.py): a producer's decision.
         tx_id, action = request.path_params["tx_id"], request.path_params["action"]
+        if action != "resume":
+            raise NotFound(f"no action {action!r}: use commit, rollback or resume")
         c = coordinator()
         found = c.find(tx_id)
         _need(request, Role.ADMIN, found.topic if found is not None else None)
-        if action == "resume":
-            res = await c.resume(tx_id)
-        elif action in ("commit", "rollback"):
-            res = await c.end(tx_id, Decision(action), Resolver.OPERATOR, "resolved over HTTP")
-        else:
-            raise NotFound(f"no action {action!r}: use commit, rollback or resume")
-        return JSONResponse(msgspec.to_builtins(res))
+        return JSONResponse(msgspec.to_builtins(await c.resume(tx_id)))
 
     async def check_endpoints(_: Request) -> Response:
         if checker is None:
@@ -255,34 +198,18 @@ def build_http_app(
         found = [dataclasses.asdict(e) for e in checker.endpoints()]
         return JSONResponse({"endpoints": found})
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
+    def route(path: str, fn: Callable[[Request], Any], **kw: Any) -> Route:
+        return Route(path, guarded(fn, tokens, public=kw.pop("public", False)), **kw)
 
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        # Starlette's own answer is plain text; every error of this API is JSON. The Allow
-        # header Starlette computed is kept.
-        why = f"{request.method} is not allowed on {request.url.path}"
-        headers = getattr(exc, "headers", None)
-        body = {"error": {"code": "METHOD_NOT_ALLOWED", "message": why}}
-        return JSONResponse(body, 405, headers=headers)
-
-    return Starlette(
-        routes=[
-            Route("/healthz", guarded(healthz, public=True)),
-            Route("/v1/topics", guarded(list_topics)),
-            Route("/v1/groups", guarded(list_groups)),
-            Route("/v1/messages", guarded(messages_by_key)),
-            Route("/v1/messages/{message_id}", guarded(message_by_id)),
-            Route("/metrics", guarded(metrics_text)),
-            Route("/v1/transactions", guarded(list_transactions)),
-            Route("/v1/checks/endpoints", guarded(check_endpoints)),
-            Route("/v1/transactions/{tx_id}", guarded(show_transaction)),
-            Route(
-                "/v1/transactions/{tx_id}/{action}",
-                guarded(resolve_transaction),
-                methods=["POST"],
-            ),
-            *extra_routes,
-        ],
-        exception_handlers={404: not_found, 405: not_allowed},
-    )
+    return [
+        route("/healthz", healthz, public=True),
+        route("/v1/topics", list_topics),
+        route("/v1/groups", list_groups),
+        route("/v1/messages", messages_by_key),
+        route("/v1/messages/{message_id}", message_by_id),
+        route("/metrics", metrics_text),
+        route("/v1/transactions", list_transactions),
+        route("/v1/checks/endpoints", check_endpoints),
+        route("/v1/transactions/{tx_id}", show_transaction),
+        route("/v1/transactions/{tx_id}/{action}", resume_transaction, methods=["POST"]),
+    ]

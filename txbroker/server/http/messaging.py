@@ -1,0 +1,336 @@
+"""Publishing and two-phase messages over HTTP: JSON in, the TCP request path behind.
+
+    POST /v1/topics/{topic}/messages            one message, or {"messages": [...]}: 201
+    POST /v1/transactions                       prepare a half message: 201
+    POST /v1/transactions/{tx_id}/commit        the producer's decision: 200
+    POST /v1/transactions/{tx_id}/rollback
+
+Each request is decoded into the TCP protocol's request (``SendRequest``, ``TxPrepareRequest``,
+``TxEndRequest``), checked against the token's roles as a TCP request with that opcode is
+(``access.py``), and handed to the broker through :func:`tcp_requests`: the same handler a TCP
+connection calls for that opcode, so the same producer, transaction coordinator and
+durability wait answer it, and a slave refuses it the same way. A write reaching a broker that
+is not its group's master is answered ``307`` to the master's HTTP address when the broker
+knows it (an elected group), otherwise ``503``.
+
+``Idempotency-Key`` follows the IETF draft (draft-ietf-httpapi-idempotency-key-header): the
+producer's deduplication by key answers a repeat with the original receipt; before that, a key
+held by a request still in flight on this broker is ``409``, and a key stored with another
+message (topic, body, key, tags or headers) is ``422``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from txbroker.errors import TransactionConflict
+from txbroker.protocol.frames import MAX_BATCH_MESSAGES, Opcode
+from txbroker.protocol.messages import (
+    SendBatchRequest,
+    SendBatchResponse,
+    SendReceipt,
+    SendRequest,
+    TxEndRequest,
+    TxEndResponse,
+    TxPrepareRequest,
+    TxPrepareResponse,
+)
+from txbroker.server.access import Access
+from txbroker.server.connection import settle
+from txbroker.server.delay import SCHEDULE_TOPIC
+from txbroker.server.http.bodies import decode, json_response, read_json
+from txbroker.server.http.guard import guarded, principal, redirecting
+from txbroker.server.http.problems import (
+    BadRequest,
+    Conflict,
+    InvalidArgument,
+)
+from txbroker.server.http.types import (
+    Encoding,
+    PrepareTransaction,
+    PublishBatch,
+    PublishMessage,
+    Receipt,
+    Receipts,
+)
+from txbroker.server.producer import HEADER_PREFIX
+from txbroker.server.role import Role
+from txbroker.server.tokens import TokenTable
+from txbroker.store import (
+    PROP_KEYS,
+    PROP_TAGS,
+    PROP_TARGET_TOPIC,
+    KeyKind,
+    MessageStore,
+    StoredMessage,
+)
+from txbroker.tx.state import Decision
+
+__all__ = ["Messaging", "TcpRequest", "tcp_requests"]
+
+# W3C Trace Context, version 00: kept with a half message only when it is well-formed (the
+# spec says to ignore a malformed one rather than refuse the request).
+TRACEPARENT: Final = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+# An opcode and its request in, the TCP handler's answer out.
+TcpRequest = Callable[[int, Any], Awaitable[Any]]
+T = TypeVar("T")
+
+
+def tcp_requests(handlers: Mapping[int, Callable[[Any], Any]], role: Role) -> TcpRequest:
+    """The HTTP API's one way into the broker, as a TCP connection goes: the role's check (a
+    slave refuses writes), then the handler for the opcode, then the answer settled to its body
+    (docs/server.md, "Where a new front end plugs in")."""
+
+    async def call(opcode: int, req: Any) -> Any:
+        role.check(opcode)
+        return await settle(handlers[opcode](req))
+
+    return call
+
+
+class Messaging:
+    """The endpoints above; ``master_http``: the group master's HTTP base URL when this broker
+    knows another broker is master (None otherwise)."""
+
+    def __init__(
+        self,
+        broker: TcpRequest,
+        access: Access,
+        store: MessageStore,
+        *,
+        dedup_window_ms: int,
+        master_http: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self._broker = broker
+        self._access = access
+        self._store = store
+        self._window_ms = dedup_window_ms
+        self._master_http = master_http
+        self._inflight: set[str] = set()  # idempotency keys of requests being answered
+
+    def routes(self, tokens: TokenTable) -> list[BaseRoute]:
+        def route(path: str, fn: Callable[[Request], Awaitable[Response]]) -> Route:
+            return Route(path, guarded(self._redirecting(fn), tokens, role=None), methods=["POST"])
+
+        return [
+            route("/v1/topics/{topic}/messages", self.publish),
+            route("/v1/transactions", self.prepare),
+            route("/v1/transactions/{tx_id}/commit", self.commit),
+            route("/v1/transactions/{tx_id}/rollback", self.rollback),
+        ]
+
+    # --- endpoints ---
+
+    async def publish(self, request: Request) -> Response:
+        topic = request.path_params["topic"]
+        # Every message goes to the path's topic: the role is checked before the body is read
+        # (a batch needs what a single send does, on the same topic).
+        self._access.check(principal(request), Opcode.SEND, SendRequest(topic, b""))
+        raw = await read_json(request)
+        header_key = _idempotency_header(request)
+        batch = _is_batch(raw)
+        if batch:
+            messages = decode(raw, PublishBatch).messages
+            if header_key is not None:
+                raise BadRequest(
+                    "Idempotency-Key names a single message: give each message of a batch "
+                    "its own idempotency_key"
+                )
+            if not 1 <= len(messages) <= MAX_BATCH_MESSAGES:
+                raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
+            reqs = [_send_request(topic, m, f"messages[{i}]") for i, m in enumerate(messages)]
+        else:
+            m = decode(raw, PublishMessage)
+            if header_key is not None and m.idempotency_key not in (None, header_key):
+                raise BadRequest("the Idempotency-Key header and idempotency_key differ")
+            reqs = [_send_request(topic, m, "body", header_key)]
+        async with self._claimed(r.idempotency_key for r in reqs):
+            await self._refuse_reused_keys(reqs)
+            receipts = await self._publish(reqs, batch=batch)
+        out = [
+            Receipt(r.message_id, r.topic, r.queue_id, r.queue_offset, r.duplicate)
+            for r in receipts
+        ]
+        return json_response(Receipts(out) if batch else out[0], 201)
+
+    async def prepare(self, request: Request) -> Response:
+        p = decode(await read_json(request), PrepareTransaction)
+        tp = request.headers.get("traceparent")
+        req = TxPrepareRequest(
+            p.topic,
+            _body(p.body, p.encoding, "body"),
+            p.producer_group,
+            p.check_url,
+            tx_id=p.tx_id,
+            key=p.key,
+            tags=p.tags,
+            headers=p.headers,
+            traceparent=tp if tp is not None and TRACEPARENT.fullmatch(tp) else None,
+            timeout_ms=p.timeout_ms,
+        )
+        self._access.check(principal(request), Opcode.TX_PREPARE, req)
+        answer = await self._ask(Opcode.TX_PREPARE, req, TxPrepareResponse)
+        return json_response(answer, 201)
+
+    async def commit(self, request: Request) -> Response:
+        return await self._end(request, Decision.COMMIT)
+
+    async def rollback(self, request: Request) -> Response:
+        return await self._end(request, Decision.ROLLBACK)
+
+    # --- the calls into the broker ---
+
+    async def _publish(self, reqs: list[SendRequest], *, batch: bool) -> list[SendReceipt]:
+        """A single message as a TCP SEND, a batch as a SEND_BATCH (all or nothing)."""
+        if batch:
+            answer = await self._ask(Opcode.SEND_BATCH, SendBatchRequest(reqs), SendBatchResponse)
+            return answer.receipts
+        return [await self._ask(Opcode.SEND, reqs[0], SendReceipt)]
+
+    async def _end(self, request: Request, decision: Decision) -> Response:
+        req = TxEndRequest(request.path_params["tx_id"], decision.value)
+        self._access.check(principal(request), Opcode.TX_END, req)
+        try:
+            answer = await self._ask(Opcode.TX_END, req, TxEndResponse)
+        except TransactionConflict as e:
+            # Refused only because it ended the other way: that is the state it is in.
+            other = Decision.ROLLBACK if decision is Decision.COMMIT else Decision.COMMIT
+            raise Conflict(str(e), code=e.code, state=other.state.value) from e
+        return json_response(answer, 200)
+
+    async def _ask(self, opcode: int, req: Any, answer: type[T]) -> T:
+        out = await self._broker(opcode, req)
+        assert isinstance(out, answer), f"{Opcode(opcode).name} answered {type(out).__name__}"
+        return out
+
+    # --- idempotency keys ---
+
+    @contextlib.asynccontextmanager
+    async def _claimed(self, keys: Iterable[str | None]) -> AsyncIterator[None]:
+        """Hold ``keys`` for this request; 409 if another request on this broker holds one."""
+        mine = {k for k in keys if k is not None}
+        busy = sorted(mine & self._inflight)
+        if busy:
+            raise Conflict(
+                f"a request with Idempotency-Key {busy[0]!r} is still in flight: retry once it "
+                "is answered",
+                code="IDEMPOTENCY_KEY_IN_FLIGHT",
+            )
+        self._inflight |= mine
+        try:
+            yield
+        finally:
+            self._inflight -= mine
+
+    async def _refuse_reused_keys(self, reqs: Sequence[SendRequest]) -> None:
+        """422 when a key is stored (within the deduplication window) with another message,
+        or given twice in the request for two different ones. Checked before anything is
+        written, so a batch with one such key stores nothing."""
+        since = time.time_ns() // 1_000_000 - self._window_ms
+        seen: dict[str, SendRequest] = {}
+        for r in reqs:
+            ik = r.idempotency_key
+            if ik is None:
+                continue
+            first = seen.setdefault(ik, r)
+            if first is not r and _fingerprint(first) != _fingerprint(r):
+                raise _reused(ik, "in this batch")
+            if first is r:
+                found = await self._store.lookup(
+                    KeyKind.IDEMPOTENCY_KEY, ik, limit=1, since_ms=since
+                )
+                if found and _stored_fingerprint(found[0]) != _fingerprint(r):
+                    raise _reused(ik, "before")
+
+    # --- clusters ---
+
+    def _redirecting(
+        self, fn: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``fn``, answered 307 to the master when this broker turns out not to be it."""
+        return redirecting(fn, self._master_http)
+
+
+# --- decoding ---
+
+
+def _is_batch(raw: bytes) -> bool:
+    try:
+        shape = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError as e:
+        raise BadRequest(f"the body must be a JSON object: {e}") from e
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the body is not valid JSON: {e}") from e
+    return "messages" in shape
+
+
+def _idempotency_header(request: Request) -> str | None:
+    """The Idempotency-Key header: an RFC 8941 string (quoted), or the bare value."""
+    value = request.headers.get("idempotency-key")
+    if value is None:
+        return None
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if not value:
+        raise BadRequest("Idempotency-Key is empty")
+    return value
+
+
+def _body(text: str, encoding: Encoding, where: str) -> bytes:
+    if encoding == "utf-8":
+        return text.encode()
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise BadRequest(f"{where}: the body is not valid base64 ({e})") from e
+
+
+def _send_request(
+    topic: str, m: PublishMessage, where: str, idempotency_key: str | None = None
+) -> SendRequest:
+    return SendRequest(
+        topic,
+        _body(m.body, m.encoding, where),
+        key=m.key,
+        tags=m.tags,
+        headers=m.headers,
+        idempotency_key=idempotency_key or m.idempotency_key,
+        deliver_at_ms=m.deliver_at_ms,
+    )
+
+
+# --- what an idempotency key stands for ---
+
+Fingerprint = tuple[str, bytes, str | None, str | None, dict[str, str]]
+
+
+def _fingerprint(r: SendRequest) -> Fingerprint:
+    return (r.topic, r.body, r.key, r.tags, r.headers)
+
+
+def _stored_fingerprint(m: StoredMessage) -> Fingerprint:
+    props = m.properties
+    topic = props.get(PROP_TARGET_TOPIC, m.topic) if m.topic == SCHEDULE_TOPIC else m.topic
+    headers = {k[len(HEADER_PREFIX) :]: v for k, v in props.items() if k.startswith(HEADER_PREFIX)}
+    return (topic, m.body, props.get(PROP_KEYS), props.get(PROP_TAGS), headers)
+
+
+def _reused(key: str, when: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"Idempotency-Key {key!r} was used {when} for another message (topic, body, key, tags "
+        "or headers differ): use a new key for a new message",
+        code="IDEMPOTENCY_KEY_REUSED",
+    )
