@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -29,6 +29,36 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _OneWritePerTurn:
+    """A transport whose writes made in one turn of the event loop go out as one ``send``:
+    uvicorn writes a response's head and body separately, two system calls (and two wake-ups
+    of the client) where one will do. Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data, self._pending = b"".join(self._pending), []
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _H11Protocol(H11Protocol):
     """uvicorn's h11 protocol without a race the HTTP fuzz found (docs/reliability.md,
     "Fuzzing"): once a request's headers parse, its app starts; when the bytes after them are
@@ -36,6 +66,9 @@ class _H11Protocol(H11Protocol):
     of the close only a loop turn later, so the app's own answer met a finished connection and
     was logged as "Exception in ASGI application". Marking the cycle disconnected first drops
     that answer, as for a client that left."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(cast(asyncio.Transport, _OneWritePerTurn(transport)))
 
     def send_400_response(self, msg: str) -> None:
         cycle = self.cycle
