@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from txbroker.runtime.tls import TlsFiles
+from txbroker.runtime.turnwriter import TurnWriter
 
 __all__ = ["HttpServer", "serving"]
 
@@ -29,31 +30,31 @@ class _Server(uvicorn.Server):
         yield
 
 
-class _OneWritePerTurn:
-    """A transport whose writes made in one turn of the event loop go out as one ``send``:
-    uvicorn writes a response's head and body separately, two system calls (and two wake-ups
-    of the client) where one will do. Everything else is the transport's own."""
+class _TurnTransport:
+    """A transport whose writes made in one turn of the event loop leave in one ``send``
+    (``turnwriter.py``, as the TCP port's answers do): uvicorn writes a response's head and its
+    body separately, two system calls and two wake-ups of the client where one will do.
+    Everything else is the transport's own."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._pending: list[bytes] = []
+        self._out = TurnWriter(asyncio.get_running_loop(), self._write_now)
 
     def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(data)
+        if data:
+            self._out.add(data)
 
-    def _flush(self) -> None:
-        if self._pending:
-            data, self._pending = b"".join(self._pending), []
-            if not self._transport.is_closing():
-                self._transport.write(data)
+    def _write_now(self, data: bytes) -> None:
+        if not self._transport.is_closing():
+            self._transport.write(data)
 
     def close(self) -> None:
-        self._flush()
+        self._out.flush()  # what was written before the close still goes out, first
         self._transport.close()
+
+    def abort(self) -> None:
+        self._out.clear()
+        self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -68,7 +69,7 @@ class _H11Protocol(H11Protocol):
     that answer, as for a client that left."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(cast(asyncio.Transport, _OneWritePerTurn(transport)))
+        super().connection_made(cast(asyncio.Transport, _TurnTransport(transport)))
 
     def send_400_response(self, msg: str) -> None:
         cycle = self.cycle
