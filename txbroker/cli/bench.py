@@ -1,6 +1,6 @@
 """`txbroker bench BENCH`: figures.
 
-store, produce, e2e, tx, service, disk, recovery, tx-recovery, growth, reconcile and cli are
+store, produce, e2e, http, tx, service, disk, recovery, tx-recovery, growth, reconcile and cli are
 registered here; fuzz, peers and failover have their options and tables in bench_fuzz.py,
 bench_peers.py and bench_failover.py. Each prints a summary (medians over ``--runs``), or one
 JSON object with ``--json``. Progress goes to stderr: a bar on a terminal, a line per finished
@@ -77,6 +77,34 @@ def register(sub: Subparsers) -> None:
     be.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
     common(be)
     be.set_defaults(func=_e2e)
+
+    bh = bsub.add_parser(
+        "http", help="the HTTP API beside the TCP protocol: publish, batches, receive+ack"
+    )
+    bh.add_argument(
+        "--messages", type=positive, default=20_000, help="per workload and transport, per run"
+    )
+    bh.add_argument("--size", type=non_negative, default=1024, help="body bytes per message")
+    bh.add_argument(
+        "--concurrency",
+        type=positive,
+        default=64,
+        help="single publishes in flight (HTTP: keep-alive connections; TCP: sends on one)",
+    )
+    bh.add_argument("--batch", type=positive, default=32, help="messages per batch and per receive")
+    bh.add_argument(
+        "--batch-concurrency",
+        type=positive,
+        default=4,
+        help="batches in flight, and HTTP receivers (as `bench produce`'s 4 producers)",
+    )
+    bh.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip measuring the HTTP client against a trivial server",
+    )
+    common(bh)
+    bh.set_defaults(func=_http)
 
     bt = bsub.add_parser("tx", help="transactions: prepare + commit/rollback, with back-checks")
     bt.add_argument("--transactions", type=positive, default=50_000, help="per run")
@@ -277,6 +305,25 @@ def _e2e(args: argparse.Namespace) -> int:
             progress=progress,
         )
     print(json.dumps(res) if args.json else format_e2e(res))
+    return 0
+
+
+def _http(args: argparse.Namespace) -> int:
+    from txbroker.bench.http_bench import Settings, bench_http, format_http
+
+    settings = Settings(
+        args.messages,
+        args.size,
+        args.concurrency,
+        args.batch,
+        args.batch_concurrency,
+        args.flush,
+    )
+    with RunProgress("http bench", enabled=not args.json) as progress:
+        res = bench_http(
+            settings, args.runs, _root(args), progress=progress, ceiling=not args.no_ceiling
+        )
+    print(json.dumps(res) if args.json else format_http(res))
     return 0
 
 

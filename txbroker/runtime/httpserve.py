@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from txbroker.runtime.tls import TlsFiles
+from txbroker.runtime.turnwriter import TurnWriter
 
 __all__ = ["HttpServer", "serving"]
 
@@ -29,6 +30,36 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _TurnTransport:
+    """A transport whose writes made in one turn of the event loop leave in one ``send``
+    (``turnwriter.py``, as the TCP port's answers do): uvicorn writes a response's head and its
+    body separately, two system calls and two wake-ups of the client where one will do.
+    Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._out = TurnWriter(asyncio.get_running_loop(), self._write_now)
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._out.add(data)
+
+    def _write_now(self, data: bytes) -> None:
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self._out.flush()  # what was written before the close still goes out, first
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._out.clear()
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _H11Protocol(H11Protocol):
     """uvicorn's h11 protocol without a race the HTTP fuzz found (docs/reliability.md,
     "Fuzzing"): once a request's headers parse, its app starts; when the bytes after them are
@@ -36,6 +67,9 @@ class _H11Protocol(H11Protocol):
     of the close only a loop turn later, so the app's own answer met a finished connection and
     was logged as "Exception in ASGI application". Marking the cycle disconnected first drops
     that answer, as for a client that left."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(cast(asyncio.Transport, _TurnTransport(transport)))
 
     def send_400_response(self, msg: str) -> None:
         cycle = self.cycle
