@@ -235,3 +235,27 @@ async def test_the_back_checks_resume_on_the_new_master(
         assert got == ["checked"]  # committed by the new master's back-check
         assert (await direct.list_transactions(limit=10)).total == 0
     assert checks.checks_for(tx.tx_id) >= 1
+
+
+@pytest.fixture
+async def sync3_all(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Both slaves acknowledge every write: any of them may be elected with all of it."""
+    async with _group(tmp_path / "c", 3, "--replication", "sync", "--min-insync", "2") as c:
+        yield c
+
+
+async def test_an_acknowledged_topic_creation_survives_the_failover(sync3_all: Cluster) -> None:
+    """A topic with no record yet (only half messages of transactions on it, say) is on the
+    slaves once its creation is acknowledged, as a write is: the master is killed the moment
+    the answer came, long before a slave's periodic look at its topics."""
+    cluster = sync3_all
+    old = await _master(cluster)
+    assert old.proc.proc is not None
+    async with Client(old.proc.url, timeout_s=10) as c:
+        await c.create_topic("payments", queues=2)
+        os.kill(old.proc.proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(old.proc.kill)  # reaped
+    new = await cluster.wait_master("g1", other_than=old.broker_id)
+    async with Client(new.address, timeout_s=5) as direct:
+        # (A send would wait for 2 slaves: one is left.)
+        assert (await direct.describe_topic("payments")).queues == 2

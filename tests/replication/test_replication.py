@@ -104,6 +104,8 @@ async def test_sync_send_fails_in_bounded_time_without_its_slave(brokers: Broker
     async with await Client.connect(master.url) as c, await Client.connect(lone.url) as a:
         await c.create_topic("t", queues=1)
         await a.create_topic("t", queues=1)
+        async with await Client.connect(slave.url) as on_slave:  # answered once it had it
+            assert (await on_slave.describe_topic("t")).queues == 1
         await c.send("t", b"while the slave runs")
         await a.send("t", b"while the slave runs")
         slave.stop()
@@ -113,8 +115,13 @@ async def test_sync_send_fails_in_bounded_time_without_its_slave(brokers: Broker
             await c.send("t", b"no slave to flush it")
         waited = time.monotonic() - t0
         assert 0.5 < waited < 5, waited
+        # A topic creation is acknowledged as a write is; it is made on the master all the same.
+        with pytest.raises(ReplicationTimeout, match=r"0 of the 1 slaves .* topics"):
+            await c.create_topic("u", queues=1)
+        assert (await c.describe_topic("u")).queues == 1
         for i in range(20):  # async replication does not wait for slaves
             await asyncio.wait_for(a.send("t", f"async {i}".encode()), timeout=5)
+        await asyncio.wait_for(a.create_topic("u", queues=1), timeout=5)
 
 
 async def test_a_killed_slave_recovers_and_catches_up(brokers: Brokers) -> None:

@@ -55,3 +55,33 @@ async def test_a_write_no_slave_acknowledges_fails_after_the_timeout(
         await asyncio.wait_for(store.append(Message("t", b"lonely")), 5)
     # The record is in the master's log all the same (the answer says it may be delivered).
     assert store.write_offset > 0
+
+
+async def test_a_topic_change_waits_for_min_insync_slaves_to_hold_its_version(
+    open_store: OpenStore,
+) -> None:
+    store = await open_store()
+    tracker = ReplicaTracker(store, min_insync=2, timeout_s=30)
+    tracker.report("s1", 0, 3)
+    tracker.report("s2", 0, 2)
+    assert tracker.topics_covering(2).done()  # both hold it already
+    third = tracker.topics_covering(3)
+    tracker.report("s3", 0, -1)  # a slave that does not say counts for no version
+    await asyncio.sleep(0)
+    assert not third.done()
+    tracker.report("s2", 0, 3)
+    await asyncio.wait_for(third, 1)
+    lost = tracker.topics_covering(4)
+    tracker.fail_waiting(ReplicationTimeout("stepped down"))
+    with pytest.raises(ReplicationTimeout, match="stepped down"):
+        await lost
+
+
+async def test_a_topic_change_no_slave_holds_fails_after_the_timeout(
+    open_store: OpenStore,
+) -> None:
+    store = await open_store()
+    tracker = ReplicaTracker(store, min_insync=1, timeout_s=0.2)
+    tracker.report("s1", 0, 0)
+    with pytest.raises(ReplicationTimeout, match=r"0 of the 1 slaves .* topics \(version 1\)"):
+        await asyncio.wait_for(tracker.topics_covering(1), 5)

@@ -82,3 +82,19 @@ def test_a_registry_written_before_fences_still_loads(tmp_path: Path) -> None:
     reg.load()
     assert reg.get("orders").queues == 4 and reg.fences == {}
     assert [t.name for t in reg.list(include_system=True)] == ["%HALF", "orders"]
+
+
+def test_the_version_counts_creations_and_deletions_and_survives_reload(tmp_path: Path) -> None:
+    reg = TopicRegistry(tmp_path)
+    reg.load()
+    changes: list[int] = []
+    reg.on_change = changes.append
+    reg.create("orders", 4)
+    reg.create("orders", 4)  # a no-op: not a change
+    reg.ensure_system("%HALF")
+    reg.delete("orders", TopicFence(0, 10))
+    reg.forget_fences(["orders"])  # the fences are not topics: no change
+    assert reg.version == 3 and changes == [1, 2, 3]
+    again = TopicRegistry(tmp_path)
+    again.load()
+    assert again.version == 3

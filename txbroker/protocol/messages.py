@@ -339,6 +339,10 @@ class ReplFetchRequest(msgspec.Struct, frozen=True):
     wait_ms: int = 1_000  # hold the request this long when nothing new is flushed
     last_epoch: int = 0  # the last master epoch in the slave's history (server/epochs.py)
     with_offsets: bool = False  # also send the consumer groups' committed offsets
+    # The master's topics version (``ReplFetchResponse.topics_version``) whose topics the slave
+    # holds, copied on this connection (0 before its first copy); -1: a slave that does not
+    # say (older), which a sync master's topic creation therefore never counts.
+    topics_version: int = -1
 
 
 class ReplFetchResponse(msgspec.Struct, frozen=True):
@@ -361,6 +365,9 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     # The master's log is flushed on enough slaves below this (its consumers read below it): a
     # slave elected later lets its consumers read that far at once, the rest once copied.
     master_covered: int = 0
+    # The master's topic registry version (bumped by every creation and deletion): a slave
+    # that copied another one copies the topics before it writes ``data``. -1: an older master.
+    topics_version: int = -1
 
 
 class RouteRequest(msgspec.Struct, frozen=True):

@@ -213,6 +213,7 @@ class BrokerServer:
         else:
             slaves = ReplicationMaster(
                 self.store,
+                self.topics,
                 self.replication,
                 epochs=self.epochs if elects else None,
                 offsets=self.groups.all_offsets,
@@ -225,7 +226,7 @@ class BrokerServer:
             retry,
             self.tx,
             deletion,
-            slaves.handle if slaves is not None else None,
+            slaves,
         )
         if elects:
             assert slaves is not None

@@ -46,6 +46,7 @@ from txbroker.server.connection import Deferred, Handler, later
 from txbroker.server.consumer import ConsumerService
 from txbroker.server.deletion import TopicDeletion
 from txbroker.server.producer import Producer
+from txbroker.server.replication.master import ReplicationMaster
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
 from txbroker.tx import spans
@@ -63,16 +64,20 @@ def build_handlers(
     retry: RetryService,
     tx: TxCoordinator,
     deletion: TopicDeletion,
-    repl_fetch: Handler | None = None,
+    slaves: ReplicationMaster | None = None,
 ) -> dict[int, Handler]:
-    """The broker's handlers; ``repl_fetch`` (a broker that may be a master) serves its
-    slaves' REPL_FETCH."""
+    """The broker's handlers; ``slaves`` (a broker that may be a master) serves its slaves'
+    REPL_FETCH and holds a topic creation's answer until they have the topic (sync)."""
 
     def ping(_: Any) -> Empty:
         return Empty()
 
-    def topic_create(req: TopicCreate) -> TopicInfo:
-        return admin.topic_info(topics.create(req.topic, req.queues))
+    def topic_create(req: TopicCreate) -> TopicInfo | Deferred:
+        info = admin.topic_info(topics.create(req.topic, req.queues))
+        # Acknowledged as a write is: with sync replication, once the slaves hold it (also
+        # when it existed: an earlier creation's answer may have timed out).
+        replicated = slaves.topics_replicated() if slaves is not None else None
+        return info if replicated is None else Deferred(replicated, info)
 
     def topic_delete(req: TopicName) -> Deferred:
         return later(_empty(deletion.delete(req.topic)))
@@ -196,8 +201,8 @@ def build_handlers(
         Opcode.SEND: send,
         Opcode.SEND_BATCH: send_batch,
     }
-    if repl_fetch is not None:
-        handlers[Opcode.REPL_FETCH] = repl_fetch
+    if slaves is not None:
+        handlers[Opcode.REPL_FETCH] = slaves.handle
     return handlers
 
 

@@ -5,11 +5,16 @@ default, so a typo in a producer's topic name is an error, not a new topic.
 A deletion writes the registry without the topic and with its fence (see
 ``txbroker.store.fences``) in one atomic write: that write is the deletion. After it, no restart
 brings the topic's messages back; before it, the topic is whole.
+
+Every creation and deletion bumps the registry's ``version`` (saved with it): a master's slaves
+copy its topics when the version in a fetch answer is not the one they copied last
+(``txbroker.server.replication``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -40,6 +45,7 @@ class _File(msgspec.Struct):
 
     topics: list[Topic]
     deleted: dict[str, TopicFence] = msgspec.field(default_factory=dict)
+    version: int = 0  # bumped by every creation and deletion (0: an earlier broker's file)
 
 
 class TopicRegistry:
@@ -47,6 +53,10 @@ class TopicRegistry:
         self._dir = meta_dir
         self._topics: dict[str, Topic] = {}
         self._fences: dict[str, TopicFence] = {}
+        self.version = 0  # see the module docstring
+        # Called with the new version after a creation or deletion is on disk (the replication
+        # master wakes its slaves' held fetches).
+        self.on_change: Callable[[int], None] | None = None
 
     def load(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +69,7 @@ class TopicRegistry:
                 saved = msgspec.json.decode(raw, type=_File)
             self._topics = {t.name: t for t in saved.topics}
             self._fences = saved.deleted
+            self.version = saved.version
 
     @property
     def fences(self) -> dict[str, TopicFence]:
@@ -66,15 +77,24 @@ class TopicRegistry:
         return dict(self._fences)
 
     def _commit(
-        self, topics: dict[str, Topic], fences: dict[str, TopicFence] | None = None
+        self,
+        topics: dict[str, Topic],
+        fences: dict[str, TopicFence] | None = None,
+        *,
+        changed: bool = False,
     ) -> None:
         """Write the new registry, then adopt it: a failed write leaves memory as the disk is.
-        (An fsync on the event loop, but topic changes are rare admin operations.)"""
+        (An fsync on the event loop, but topic changes are rare admin operations.) ``changed``:
+        a topic was created or deleted (the version goes up)."""
         fences = self._fences if fences is None else fences
-        saved = _File(sorted(topics.values(), key=_name), dict(sorted(fences.items())))
+        version = self.version + 1 if changed else self.version
+        saved = _File(sorted(topics.values(), key=_name), dict(sorted(fences.items())), version)
         write_atomic(self._dir / FILE, msgspec.json.encode(saved))
         self._topics = topics
         self._fences = fences
+        self.version = version
+        if changed and self.on_change is not None:
+            self.on_change(version)
 
     def create(self, name: str, queues: int, *, system: bool = False) -> Topic:
         validate_topic(name, allow_system=system)
@@ -86,7 +106,7 @@ class TopicRegistry:
                 return existing  # creating what exists, identically, is a no-op
             raise TopicExists(f"topic {name!r} exists with {existing.queues} queues")
         topic = Topic(name, queues, time.time_ns() // 1_000_000, system)
-        self._commit({**self._topics, name: topic})
+        self._commit({**self._topics, name: topic}, changed=True)
         return topic
 
     def exists(self, name: str) -> bool:
@@ -113,7 +133,7 @@ class TopicRegistry:
         """Remove the topic and record its fence, in one durable write (see the docstring)."""
         topic = self.deletable(name)
         fences = self._fences if fence is None else {**self._fences, name: fence}
-        self._commit({k: v for k, v in self._topics.items() if k != name}, fences)
+        self._commit({k: v for k, v in self._topics.items() if k != name}, fences, changed=True)
         return topic
 
     def adopt_fences(self, fences: dict[str, TopicFence]) -> None:

@@ -5,6 +5,11 @@ from its flushed log only, so a slave never holds a record the master could lose
 ``--replication sync --min-insync N`` the :class:`ReplicaTracker` is the store's replication
 gate: a write's answer waits until N slaves reported the log flushed past it, or fails with
 ``REPLICATION_TIMEOUT``. With ``async`` writes are answered after the master's own flush.
+
+Topics are not in the log: each answer carries the master's topics version, and the slave
+copies the topics before writing the answer's records when it copied another version last.
+With sync replication a topic creation is answered, as a write is, once N slaves said (in a
+fetch) that they hold the new version.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from txbroker.protocol.messages import ReplFetchRequest, ReplFetchResponse
 from txbroker.server.connection import Deferred, later
 from txbroker.server.replication import ReplicationSettings
 from txbroker.server.replication.epochs import EpochHistory
+from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 
 __all__ = ["MAX_FETCH_BYTES", "ReplicaTracker", "ReplicationMaster"]
@@ -65,6 +71,7 @@ class ReplicaTracker:
         self.min_insync = min_insync
         self._timeout_s = timeout_s
         self.replicas: dict[str, int] = {}  # slave name -> flushed offset it reported
+        self.topics_versions: dict[str, int] = {}  # slave name -> topics version it holds
         self.seen_s: dict[str, float] = {}  # slave name -> monotonic time of its last report
         # The log is flushed on min_insync slaves below this; consumers read below it too. What
         # the log held when the tracker was made counts as covered (an elected master's term
@@ -72,6 +79,7 @@ class ReplicaTracker:
         self.covered = store.flushed_offset if covered is None else covered
         self._batches: collections.deque[_Batch] = collections.deque()
         self._open: _Batch | None = None
+        self._topic_waits: list[_Batch] = []  # target: a topics version (rare: no batching)
         self.timeouts = 0
 
     # --- the gate (txbroker.store.flush.ReplicationGate) --------------------------------
@@ -116,9 +124,48 @@ class ReplicaTracker:
             )
         )
 
+    def topics_covering(self, version: int) -> asyncio.Future[None]:
+        """A future resolved once ``min_insync`` slaves said they hold the master's topics as
+        of ``version`` (``TopicRegistry.version``), or failed as a write's is (the same
+        timeout). The caller's own: it may cancel it."""
+        fut = self._loop.create_future()
+        if self._topics_covered() >= version:
+            fut.set_result(None)
+            return fut
+        w = _Batch(version, fut)
+        w.timer = self._loop.call_at(self._loop.time() + self._timeout_s, self._expire_topics, w)
+        self._topic_waits.append(w)
+        return fut
+
+    def _topics_covered(self) -> int:
+        versions = sorted(self.topics_versions.values(), reverse=True)
+        return versions[self.min_insync - 1] if len(versions) >= self.min_insync else -1
+
+    def _expire_topics(self, w: _Batch) -> None:
+        if w in self._topic_waits:
+            self._topic_waits.remove(w)
+        if w.fut.done():
+            return
+        self.timeouts += 1
+        insync = sum(1 for v in self.topics_versions.values() if v >= w.target)
+        w.fut.set_exception(
+            ReplicationTimeout(
+                f"sync replication: {insync} of the {self.min_insync} slaves needed copied the "
+                f"topics (version {w.target}) within {self._timeout_s:g} s; the change is made "
+                "on the master and reaches the slaves when they fetch"
+            )
+        )
+
     def fail_waiting(self, error: BaseException) -> None:
-        """Answer every write still waiting with ``error`` (the broker stopped being master)."""
+        """Answer every write (and topic creation) still waiting with ``error`` (the broker
+        stopped being master)."""
         self._open = None
+        waits, self._topic_waits = self._topic_waits, []
+        for w in waits:
+            if w.timer is not None:
+                w.timer.cancel()
+            if not w.fut.done():
+                w.fut.set_exception(error)
         while self._batches:
             b = self._batches.popleft()
             if b.timer is not None:
@@ -128,10 +175,20 @@ class ReplicaTracker:
 
     # --- reports ---------------------------------------------------------------------------
 
-    def report(self, replica: str, flushed: int) -> None:
-        """A slave's fetch said its log is flushed below ``flushed``."""
+    def report(self, replica: str, flushed: int, topics_version: int = -1) -> None:
+        """A slave's fetch said its log is flushed below ``flushed`` and that it holds the
+        master's topics as of ``topics_version`` (-1: it does not say)."""
         self.replicas[replica] = flushed
+        self.topics_versions[replica] = topics_version
         self.seen_s[replica] = time.monotonic()
+        if self._topic_waits:
+            covered_version = self._topics_covered()
+            for w in [w for w in self._topic_waits if w.target <= covered_version]:
+                self._topic_waits.remove(w)
+                if w.timer is not None:
+                    w.timer.cancel()
+                if not w.fut.done():
+                    w.fut.set_result(None)
         self._open = None  # later writes wait for the next round
         if len(self.replicas) < self.min_insync:
             return
@@ -162,22 +219,27 @@ class ReplicaTracker:
         ]
 
 
-class _FlushSignal:
-    """Wakes held fetches when the master's flushed offset moves (GroupCommitter.on_flushed)."""
+class _Signal:
+    """Wakes held fetches when the master's flushed offset moves (GroupCommitter.on_flushed)
+    or its topics change (TopicRegistry.on_change)."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: MessageStore, topics: TopicRegistry) -> None:
         self._store = store
+        self._topics = topics
         self._fut: asyncio.Future[None] | None = None
         store.committer.on_flushed = self._fire
+        topics.on_change = self._fire
 
-    def _fire(self, _flushed: int) -> None:
+    def _fire(self, _: int) -> None:
         fut, self._fut = self._fut, None
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def wait_past(self, offset: int, timeout_s: float) -> None:
+    async def wait_past(self, offset: int, topics_version: int, timeout_s: float) -> None:
+        """Until the log is flushed past ``offset`` or the topics version is no longer
+        ``topics_version``, at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while self._store.flushed_offset <= offset:
+        while self._store.flushed_offset <= offset and self._topics.version == topics_version:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -199,17 +261,19 @@ class ReplicationMaster:
     def __init__(
         self,
         store: MessageStore,
+        topics: TopicRegistry,
         settings: ReplicationSettings,
         *,
         epochs: EpochHistory | None = None,
         offsets: Offsets | None = None,
     ) -> None:
         self._store = store
+        self._topics = topics
         self._settings = settings
         self._epochs = epochs
         self._offsets = offsets
         self.tracker: ReplicaTracker | None = None  # the current term's
-        self._signal: _FlushSignal | None = None  # installed with the first slave only
+        self._signal: _Signal | None = None  # installed with the first slave only
 
     def begin(self, covered: int | None = None) -> ReplicaTracker:
         """A term as master: slaves are tracked from now (``covered``: see ReplicaTracker)."""
@@ -229,6 +293,16 @@ class ReplicationMaster:
             self._settings.min_insync,
             self._settings.timeout_ms,
         )
+
+    def topics_replicated(self) -> asyncio.Future[None] | None:
+        """With sync replication, while this broker is master: a future resolved once enough
+        slaves hold its topics as they are now (``ReplicaTracker.topics_covering``). None when
+        a topic change is answered at once (async replication, or not master)."""
+        tracker = self.tracker
+        # The gate is installed exactly while this term's writes wait for the slaves.
+        if tracker is None or self._store.replication_gate is not tracker:
+            return None
+        return tracker.topics_covering(self._topics.version)
 
     def handle(self, req: ReplFetchRequest) -> Deferred:
         """REPL_FETCH's handler: held until the log is flushed past ``from_offset`` (at most
@@ -259,12 +333,16 @@ class ReplicationMaster:
                     list(history),
                     truncate_to=end,
                 )
-        tracker.report(req.replica, req.flushed_offset)
+        tracker.report(req.replica, req.flushed_offset, req.topics_version)
         wait_ms = min(max(req.wait_ms, 0), MAX_FETCH_WAIT_MS)
-        if req.from_offset >= store.flushed_offset and wait_ms:
+        version = self._topics.version
+        # A slave that holds another version than this one is answered at once (it copies the
+        # topics then); one that does not say (-1) is held as for the log alone.
+        stale = 0 <= req.topics_version != version
+        if req.from_offset >= store.flushed_offset and wait_ms and not stale:
             if self._signal is None:
-                self._signal = _FlushSignal(store)
-            await self._signal.wait_past(req.from_offset, wait_ms / 1000)
+                self._signal = _Signal(store, self._topics)
+            await self._signal.wait_past(req.from_offset, version, wait_ms / 1000)
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         data, nxt = store.read_replicated(req.from_offset, max_bytes)
         offsets = self._offsets
@@ -276,4 +354,5 @@ class ReplicationMaster:
             list(history),
             offsets=offsets() if req.with_offsets and offsets is not None else None,
             master_covered=tracker.covered,
+            topics_version=self._topics.version,
         )

@@ -3,9 +3,11 @@
 One task, one connection to the master, one request at a time: REPL_FETCH from the end of the
 local log (reporting the local flushed offset), write the answer verbatim at the same offsets
 (``MessageStore.append_replicated``), fdatasync, wake long polls on the queues that grew. The
-master's topics are copied every ``TOPICS_REFRESH_S`` and whenever a record names an unknown
-one. A lost connection is retried with a bounded backoff. It speaks the wire protocol through
-``txbroker.protocol`` directly: the broker may not import the SDK.
+master's topics are copied before an answer's records are written when the answer's topics
+version is not the one copied last (the next fetch says which one this slave holds: a sync
+master's topic creation waits for that). A lost connection is retried with a bounded
+backoff. It speaks the wire protocol through ``txbroker.protocol`` directly: the broker may not
+import the SDK.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ CONNECT_TIMEOUT_S: Final = 5.0
 # A request's answer must come within its hold time plus this (a dead master, a black hole).
 ANSWER_MARGIN_S: Final = 10.0
 BACKOFF_S: Final = (0.1, 0.2, 0.5, 1.0, 2.0)  # reconnect pauses; the last one repeats
+# A master older than the topics version in fetch answers: its topics are copied this often,
+# and whenever a record names an unknown one.
 TOPICS_REFRESH_S: Final = 2.0
 # How often the master's consumer offsets are copied (in a fetch): a consumer group moving to
 # this broker after a failover redelivers at most this much of its progress (RocketMQ's
@@ -200,8 +204,8 @@ class Replicator:
             self.connected = True
             self.last_error = None
             log.info("replicating %s from offset %d", self.master, self._store.write_offset)
-            await self._copy_topics(link)
-            topics_at = time.monotonic()
+            copied: int | None = None  # the master's topics version copied on this connection
+            topics_at = 0.0  # when they were copied last (for an older master)
             offsets_at = 0.0
             store = self._store
             while True:
@@ -217,6 +221,7 @@ class Replicator:
                     FETCH_WAIT_MS,
                     self._epochs.last_epoch if self._epochs is not None else 0,
                     with_offsets,
+                    copied if copied is not None else 0,
                 )
                 resp: ReplFetchResponse = await link.call(
                     Opcode.REPL_FETCH, req, FETCH_WAIT_MS / 1000 + ANSWER_MARGIN_S
@@ -230,6 +235,16 @@ class Replicator:
                     # Kept before the bytes it covers are written: a log is never longer
                     # than what its history accounts for.
                     self._epochs.adopt(resp.epochs)
+                # Before the records (and the offsets, kept for known topics only): every record
+                # here was written on the master after its topic was created, so this version
+                # counts that creation. No record names a topic this slave lacks, and a slave
+                # holding a record holds every topic created before it.
+                version, older = resp.topics_version, resp.topics_version < 0
+                if (version != copied and not older) or (
+                    older and time.monotonic() - topics_at > TOPICS_REFRESH_S
+                ):
+                    await self._copy_topics(link)
+                    copied, topics_at = version, time.monotonic()
                 if with_offsets:
                     offsets_at = time.monotonic()
                     if resp.offsets is not None and self._on_offsets is not None:
@@ -237,14 +252,11 @@ class Replicator:
                 if resp.data or resp.next_offset != resp.offset:
                     grew = store.append_replicated(resp.offset, resp.data, resp.next_offset)
                     await store.committer.wait_durable()
-                    if any(not self._topics.exists(t) for t, _ in grew):
+                    if older and any(not self._topics.exists(t) for t, _ in grew):
                         await self._copy_topics(link)
                         topics_at = time.monotonic()
                     for topic, qid in grew:
                         self._notify(topic, qid)
-                if time.monotonic() - topics_at > TOPICS_REFRESH_S:
-                    await self._copy_topics(link)
-                    topics_at = time.monotonic()
         finally:
             self.connected = False
             await link.close()
