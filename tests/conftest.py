@@ -81,6 +81,41 @@ class BrokerProcess(brokerproc.BrokerProcess):
         )
 
 
+# Spark's work takes both cores while a job runs, so it runs on two workers of ``make test``
+# (``--dist loadgroup``), one test at a time on each: the tests of the session (the ``spark``
+# fixture, one JVM for all of them) on one, the jobs in child processes (spark-submit, the
+# standalone cluster, ``reconcile --every``, the demo) on the other.
+SPARK_SESSION, SPARK_CHILDREN = "spark-session", "spark-children"
+spark_children = pytest.mark.xdist_group(SPARK_CHILDREN)
+
+
+def _worker_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test not marked with one: Spark's as above; the module's for tests
+    that share a module-scoped fixture (a broker, a world), which a worker then builds once;
+    one Chromium's for the pages' tests."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return None
+    names = fixtures.names_closure
+    if "spark" in names:
+        return SPARK_SESSION
+    if "spark_jars" in names:
+        return SPARK_CHILDREN
+    for name, defs in fixtures.name2fixturedefs.items():
+        if defs and defs[-1].scope == "module" and name in names:
+            return item.nodeid.split("::", 1)[0]
+    if "browser" in names:
+        return "browser"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := _worker_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path / "broker").start()
