@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -36,6 +38,22 @@ def run_cli(
         timeout=timeout,
         env={**os.environ, **env} if env else None,
     )
+
+
+def free_port() -> int:
+    """A free loopback port, for a server a test starts on it later (or starts again after a
+    kill). Taken below the kernel's ephemeral range: an outgoing connection of any process,
+    another xdist worker's say, may take a port from that range before the server binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(max(low - 12_000, 1024), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port below the ephemeral range")
 
 
 def small_config(data_dir: Path, **overrides: object) -> StoreConfig:

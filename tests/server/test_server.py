@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, free_port
 from txbroker.errors import (
     BadRequest,
     FrameTooLarge,
@@ -148,9 +148,7 @@ async def test_connecting_to_nothing_is_a_clear_error() -> None:
 
 
 async def test_client_reconnects_after_a_broker_restart(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # the restarted broker binds it again
     b = BrokerProcess(tmp_path / "rc", "--port", str(port)).start()
     c = await Client.connect(b.url, reconnect_s=20)
     try:
