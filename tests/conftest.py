@@ -21,6 +21,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 pytest_plugins = ["tests.databases", "tests.browser"]
 ROOT = Path(__file__).resolve().parents[1]
 
+# The tests' Spark JVMs (the session's, and those of child processes, which inherit this) run
+# seconds-long jobs on small data, where C2's compiler threads and a parallel collector cost more
+# CPU than they save, CPU the other workers' tests wait for (docs/benchmarks.md, "The test suite").
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 def run_cli(
     *args: str,
