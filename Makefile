@@ -60,8 +60,13 @@ imports: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The tests mostly wait on the processes they start (brokers, etcd, Spark, PostgreSQL), so four
+# workers keep two cores busy; tests that share a worker are grouped in tests/conftest.py.
+# PYTEST_WORKERS=0 runs them in this process, one at a time.
+PYTEST_WORKERS ?= 4
+
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(NODE_SERVICE)/node_modules

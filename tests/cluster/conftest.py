@@ -1,6 +1,7 @@
 """A real etcd for the coordination tests: Debian's ``/usr/bin/etcd`` (package ``etcd-server``)
-on free loopback ports with a data directory under ``tmp_path``, started per test that asks for
-it and killed at teardown, stopped (SIGSTOP) or not.
+on free loopback ports (below the ephemeral range: a restarted etcd binds them again) with a
+data directory under ``tmp_path``, started per test that asks for it and killed at teardown,
+stopped (SIGSTOP) or not.
 
 By hand the tests skip when etcd or the ``aetcd`` client is missing; with CI=true they fail
 instead (as PostgreSQL's and Chromium's fixtures do, tests/databases.py, tests/browser.py).
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
-from txbroker.runtime.etcdproc import ETCD_BIN, EtcdServer, free_port
+from tests.conftest import IN_CI, free_port
+from txbroker.runtime.etcdproc import ETCD_BIN, EtcdServer
 
 __all__ = ["ETCD_BIN", "EtcdServer", "free_port"]
 
@@ -39,6 +40,8 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """A started etcd of this test's own; killed afterwards, whatever the test did to it."""
     _require_etcd()
     server = EtcdServer(tmp_path / "etcd")
+    # Ports a restart binds again (EtcdServer's own come from the ephemeral range).
+    server.client_port, server.peer_port = free_port(), free_port()
     try:
         yield server.start()
     finally:

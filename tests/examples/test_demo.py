@@ -12,7 +12,7 @@ from pathlib import Path
 
 from examples.driver import Outcome
 from examples.report import Snapshot, anomalies
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, spark_children
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,7 @@ def _row(out: str, label: str) -> int:
     return int(m.group(1).replace(",", ""))
 
 
+@spark_children  # the demo ends with the Spark reconciliation, in a child process
 def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     out = _demo("--orders", "150", "--kills", "1", "--work-dir", str(tmp_path / "demo"))
     assert _row(out, "anomalies") == 0
@@ -49,6 +50,7 @@ def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     assert _row(out, "relay killed by an injected crash") == 1
 
 
+@spark_children
 def test_demo_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     out = _demo(
         "--orders", "120", "--kills", "1", "--database-url", pg_url, "--work-dir", str(tmp_path)

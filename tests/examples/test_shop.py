@@ -13,9 +13,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import IN_CI, ROOT, BrokerProcess
+from tests.conftest import IN_CI, ROOT, BrokerProcess, free_port
 from tests.databases import PG_URL
 from txbroker_sdk import Client, Consumer, create_engine
 from txbroker_sdk.tables import LOCAL_TX
@@ -51,21 +49,6 @@ SETTLE_TIMEOUT_S = 60.0
 INVOICES = sa.table("invoices", sa.column("order_id"))
 ORDERS = sa.table("orders", sa.column("id"))
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range: the orders service is restarted on its
-    port, and meanwhile an outgoing connection could take a port from that range."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(100):
-        port = random.randrange(max(low - 12_000, 1024), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port found")
 
 
 class Service:
@@ -177,9 +160,9 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
         tmp_path / "broker", "--config", str(settings), "--tx-secret", f"orders-svc={SECRET}"
     )
     broker.start()
-    orders_port = billing_port = _free_port()
+    orders_port = billing_port = free_port()
     while billing_port == orders_port:
-        billing_port = _free_port()
+        billing_port = free_port()
     common = {"TXB_URL": broker.url, "TXB_CHECK_SECRET": SECRET}
     orders = Service(
         "orders",

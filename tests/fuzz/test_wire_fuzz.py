@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.conftest import BrokerProcess
 from tests.fuzz.conftest import TOKEN
 from txbroker.bench.fuzz_report import alive, format_reports
@@ -42,6 +44,34 @@ async def test_hostile_connections_leave_the_broker_and_a_healthy_client_alone(
     assert report.rss_after_kib - report.rss_before_kib < RSS_GROWTH_MAX_KIB
     kinds = {k.split(":")[0] for k in report.outcomes}
     assert {"random bytes", "oversized length", "mutated body", "odd values"} <= kinds
+
+
+async def test_a_send_still_in_flight_when_the_run_ends_is_waited_for(
+    token_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The healthy producer may be inside a send when the run ends; its consumer must wait for
+    that send's answer before counting what is missing, or the message acknowledged last is
+    reported lost though the broker delivers it."""
+    from txbroker.bench import fuzz_wire as wire
+    from txbroker_sdk import Client
+
+    class AcknowledgedLate(wire._Healthy):
+        async def produce(self) -> None:
+            async with await Client.connect(self.url, auth_token=self.token) as client:
+                await self.stop.wait()
+                # The answer comes after the run's end, later than the consumer's hold (500 ms).
+                await asyncio.sleep(1.5)
+                self.sent += 1
+                await client.send(wire.HEALTHY_TOPIC, str(self.sent).encode())
+                self.acked.add(self.sent)
+
+    monkeypatch.setattr(wire, "_Healthy", AcknowledgedLate)
+    assert token_broker.proc is not None
+    report = await fuzz_wire(
+        token_broker.url, token_broker.proc.pid, TOKEN, cases=0, seconds=1, seed=1
+    )
+    assert report.healthy == {"sent": 1, "acked": 1, "consumed": 1, "missing": 0}
+    assert report.crashes == 0, report.examples
 
 
 async def _exchange(url: str, frames: bytes, answers: int) -> list[tuple[int, int, str | None]]:

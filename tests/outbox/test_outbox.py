@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
-from tests.conftest import ROOT, BrokerProcess, run_cli
+from tests.conftest import ROOT, BrokerProcess, free_port, run_cli
 from txbroker.errors import InvalidArgument
 from txbroker_outbox import Relay, add
 from txbroker_outbox.relay import DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -294,8 +294,8 @@ async def test_notify_wakes_the_relay_on_postgresql(pg_url: str, tmp_path: Path)
 
 
 async def test_relay_outlives_a_broker_restart(engine: AsyncEngine, tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "broker").start()
-    port = broker.url.rsplit(":", 1)[1]
+    port = str(free_port())  # the restarted broker binds it again
+    broker = BrokerProcess(tmp_path / "broker", "--port", port).start()
     try:
         client = await Client.connect(broker.url, reconnect_s=1)
         async with client:

@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 
 
 def test_every_keeps_reconciling_until_sigterm(
-    spark: Any, tmp_path: Path, empty_log: Path, service_db: str
+    spark_jars: list[str], tmp_path: Path, empty_log: Path, service_db: str
 ) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     proc = subprocess.Popen(

@@ -8,14 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from tests.conftest import ROOT
 from txbroker_reconcile.jars import find_jars
 
 
 def test_spark_submit_runs_the_job(
-    spark: Any, tmp_path: Path, empty_log: Path, service_db: str
+    spark_jars: list[str], tmp_path: Path, empty_log: Path, service_db: str
 ) -> None:
     submit = Path(sys.executable).parent / "spark-submit"
     res = subprocess.run(

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, free_port
 from txbroker.errors import InvalidArgument, NotFound
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import DlqListResponse, DlqMessage, DlqRequest, SendRequest
@@ -506,11 +506,7 @@ def test_bad_subscriber_arguments_are_refused() -> None:
 async def test_the_runner_survives_a_broker_restart(
     sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())  # the restarted broker binds it again
     engine = create_async_engine(async_url(sqlite_url))
     broker = await _broker_with_payments(engine, tmp_path, "--port", port)
     try:

@@ -8,7 +8,6 @@ name this file's local services (``Depends(txb.session)``), which a string could
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, free_port
 from txbroker_sdk import Client, ConsumedMessage, TxbError, TxbService, TxPublisher
 from txbroker_sdk.errors import InvalidArgument, NotStarted
 
@@ -49,13 +48,6 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     b.start()
     yield b
     b.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class _Server(uvicorn.Server):
@@ -93,7 +85,7 @@ def _service(broker: BrokerProcess, db: str, port: int, **kw: object) -> TxbServ
 
 
 async def test_lifespan_wires_a_fastapi_service(broker: BrokerProcess, sqlite_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     txb = _service(broker, sqlite_url, port)
     app = FastAPI(lifespan=txb.lifespan)
     applied: list[str] = []
@@ -191,7 +183,7 @@ class Stubborn:
 async def test_shutdown_is_bounded_when_the_broker_is_gone(
     broker: BrokerProcess, sqlite_url: str
 ) -> None:
-    port = _free_port()
+    port = free_port()
     stubborn = Stubborn()
     txb = _service(
         broker, sqlite_url, port, shutdown_timeout_s=2.0, relay=lambda client, engine: stubborn
@@ -230,7 +222,7 @@ async def test_a_database_without_the_tables_fails_the_start(
 
 async def test_a_broker_that_cannot_be_reached_fails_the_start(sqlite_url: str) -> None:
     txb = TxbService(
-        broker=f"txb://127.0.0.1:{_free_port()}", database=sqlite_url, connect_timeout_s=1.0
+        broker=f"txb://127.0.0.1:{free_port()}", database=sqlite_url, connect_timeout_s=1.0
     )
     started = time.monotonic()
     with pytest.raises(TxbError, match="cannot reach the broker"):
@@ -257,7 +249,7 @@ async def test_the_client_dependency_and_plain_calls(
     async def topics(client: Annotated[Client, Depends(txb.client)]) -> list[str]:
         return [t.topic for t in await client.list_topics()]
 
-    port = _free_port()
+    port = free_port()
     async with (
         served(app, port),
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,

@@ -18,6 +18,7 @@ from txbroker.protocol.messages import (
     DlqRequest,
     GroupsRequest,
     HeartbeatRequest,
+    LeaveRequest,
     PullRequest,
     QueuePosition,
     SendRequest,
@@ -78,6 +79,14 @@ async def _setup(b: BrokerProcess) -> None:
     async with await Client.connect(b.url, auth_token=ADMIN) as admin:
         for topic in ("orders.eu", "billing"):
             await admin.create_topic(topic, queues=1, exist_ok=True)
+
+
+async def _join_and_leave(b: BrokerProcess, group: str) -> None:
+    """Make ``group`` known (and so its dead-letter topic), as a member that joins and leaves:
+    each test starts from what it sets up itself, whichever ran before it on this broker."""
+    async with await Client.connect(b.url, auth_token=CONSUMER) as c:
+        await c.request(Opcode.HEARTBEAT, HeartbeatRequest(group, "orders.eu", "setup"))
+        await c.request(Opcode.LEAVE, LeaveRequest(group, "orders.eu", "setup"))
 
 
 async def test_producer_sends_only_to_its_topics(secured: BrokerProcess) -> None:
@@ -164,6 +173,7 @@ async def test_consumer_reads_and_commits_only_its_topics(secured: BrokerProcess
 
 async def test_reader_lists_everything_and_changes_nothing(secured: BrokerProcess) -> None:
     await _setup(secured)
+    await _join_and_leave(secured, "billing-g")
     async with await Client.connect(secured.url, auth_token=READER) as c:
         assert {"orders.eu", "billing"} <= {t.topic for t in await c.list_topics()}
         await c.request(Opcode.OFFSETS, GroupsRequest())
@@ -177,6 +187,8 @@ async def test_reader_lists_everything_and_changes_nothing(secured: BrokerProces
 
 
 async def test_admin_of_a_pattern_administers_only_its_topics(secured: BrokerProcess) -> None:
+    await _setup(secured)
+    await _join_and_leave(secured, "billing-g")
     async with await Client.connect(secured.url, auth_token=ORDERS_ADMIN) as c:
         await c.create_topic("orders.tmp", queues=1)
         await c.send("orders.tmp", b"admin implies produce")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,17 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, free_port
 from txbroker_sdk import Client, Consumer
 
 WAIT_S = 30.0  # each condition Prometheus has to see: scrapes are 1 s apart
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Prometheus:
@@ -41,7 +33,7 @@ class Prometheus:
             "scrape_configs:\n  - job_name: txbroker\n"
             f"    static_configs:\n      - targets: ['{target}']\n"
         )
-        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.url = f"http://127.0.0.1:{free_port()}"
         self._log = (tmp / "prometheus.log").open("wb")
         self._proc = subprocess.Popen(
             [

@@ -6,30 +6,22 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Self
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 from txbroker.runtime.brokerproc import BrokerProcess
 
-__all__ = ["SECRET", "Stack", "free_port"]
+__all__ = ["SECRET", "Stack"]
 
 SECRET = "trace-secret"
 GROUP = "orders-svc"  # examples/shop/orders.py's producer group
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 READY = "Application startup complete"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _clean_env() -> dict[str, str]:

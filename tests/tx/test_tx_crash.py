@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from tests.conftest import free_port
 from tests.httpserver import serve_app
 from tests.tx.conftest import GROUP, SECRET, tx_broker
 from txbroker.errors import TxbError
@@ -48,9 +48,7 @@ async def test_sigkill_with_transactions_in_every_phase(tmp_path: Path) -> None:
     app = Starlette(
         routes=[Route("/c", CheckbackEndpoint(service.check, {GROUP: SECRET}), methods=["POST"])]
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # each restart binds it again
     data = tmp_path / "broker"
     broker = tx_broker(data, "--port", str(port)).start()
     async with serve_app(app) as base:

@@ -339,7 +339,10 @@ async def fuzz_wire(
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
 
     def caught_up() -> bool:  # after the run: everything acknowledged was consumed
-        return healthy.stop.is_set() and (not healthy.missing() or time.monotonic() > deadline)
+        # The producer first: a send under way as the run ends is acknowledged after it.
+        if not (healthy.stop.is_set() and producer.done()):
+            return False
+        return not healthy.missing() or time.monotonic() > deadline
 
     producer = asyncio.create_task(healthy.produce())
     consumer = asyncio.create_task(healthy.consume(caught_up))
