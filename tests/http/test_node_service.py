@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from tests.conftest import IN_CI, ROOT, BrokerProcess
+from tests.conftest import IN_CI, ROOT, BrokerProcess, spark_children
 from tests.databases import PG_URL, run_async
 from txbroker_sdk import Client, Subscribers
 from txbroker_sdk.consumer import ConsumedMessage
@@ -212,6 +212,7 @@ async def _rows(engine: AsyncEngine, query: str) -> set[tuple[object, ...]]:
         return {tuple(row) for row in (await conn.execute(sa.text(query))).all()}
 
 
+@spark_children  # ends with txbroker reconcile: a Spark job in a child process
 async def test_the_node_service_gets_both_or_neither_applied_once(
     orders_service: tuple[OrdersService, BrokerProcess],
     databases: tuple[str, str],
