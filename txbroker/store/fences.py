@@ -5,7 +5,7 @@ its queues ended. A record *belongs* to the topic it names as its origin (``ot``
 dead-letter copy, else ``tt`` on a half message or delayed copy, else its own topic); one that
 belongs to a fenced topic and lies before the fence is dead: no read, lookup or recovery brings
 it back, and retention reclaims its bytes. A topic created again starts its queues where the
-deleted ones ended. :class:`TopicDeletion` names and applies fences; the topic registry's
+deleted ones ended. :class:`TopicFencing` names and applies fences; the topic registry's
 owner persists them (the point of no return) and hands them to the store when it opens.
 """
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from txbroker.store.consumequeue import ConsumeQueues
     from txbroker.store.state import Lifecycle
 
-__all__ = ["Fences", "TopicDeletion", "TopicFence", "owner_topic"]
+__all__ = ["Fences", "TopicFencing", "TopicFence", "owner_topic"]
 
 
 class TopicFence(msgspec.Struct, frozen=True):
@@ -96,7 +96,7 @@ class Fences:
         return self.is_dead_at(owner_topic(topic, props), phys)
 
 
-class TopicDeletion:
+class TopicFencing:
     """Deleting a topic's data: name its fence, then (once the owner persisted it) apply it.
     A crash between the two is repaired at the next open, with the persisted fences: queues
     left on disk that point at dead records are dropped."""

@@ -2,7 +2,7 @@
 
 ``MessageStore`` owns the store's parts and delegates to them: the commit log, the consume
 queues, the key index, the ``Flusher`` (group commit, replication gate, the failed write's
-cut), the ``Appender``, the ``Reader``, the ``Checkpointer``, ``Retention``, ``TopicDeletion``
+cut), the ``Appender``, the ``Reader``, the ``Checkpointer``, ``Retention``, ``TopicFencing``
 and ``Replication``. It opens and recovers them, runs their housekeeping, closes them.
 
     store = await MessageStore.open(StoreConfig(Path("data")))
@@ -33,7 +33,7 @@ from txbroker.store.checkpoint import (
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.config import FlushMode, StoreConfig
 from txbroker.store.consumequeue import ConsumeQueues
-from txbroker.store.fences import Fences, TopicDeletion, TopicFence
+from txbroker.store.fences import Fences, TopicFence, TopicFencing
 from txbroker.store.flush import Flusher, GroupCommitter, ReplicationGate
 from txbroker.store.keyindex import KeyIndex, KeyKind
 from txbroker.store.mapped import MappedFile
@@ -73,7 +73,7 @@ class MessageStore:
         self._retention = Retention(
             config, self.log, self.index, self._queues, flusher, lifecycle, self._checkpointer
         )
-        self._deletion = TopicDeletion(self.log, self._queues, self.fences, lifecycle)
+        self._fencing = TopicFencing(self.log, self._queues, self.fences, lifecycle)
         self._replication = Replication(
             self.log, self.index, self._queues, self.fences, flusher, lifecycle
         )
@@ -388,16 +388,16 @@ class MessageStore:
 
     def fence_for(self, topic: str) -> TopicFence:
         """The fence a deletion of ``topic`` now would set (see ``fences.py``)."""
-        return self._deletion.fence_for(topic)
+        return self._fencing.fence_for(topic)
 
     def drop_topic(self, topic: str, fence: TopicFence) -> int:
         """Make ``topic``'s records before ``fence`` unreachable and remove its queue files;
         return the bytes freed. Call once ``fence`` is persisted."""
-        return self._deletion.drop_topic(topic, fence)
+        return self._fencing.drop_topic(topic, fence)
 
     def forget_fences(self, keep: set[str]) -> list[str]:
-        """The topics whose fences retention made useless (see ``TopicDeletion``)."""
-        return self._deletion.forget_fences(keep)
+        """The topics whose fences retention made useless (see ``TopicFencing``)."""
+        return self._fencing.forget_fences(keep)
 
     def is_dead(self, msg: StoredMessage) -> bool:
         """Whether ``msg`` belongs to a deleted topic. Check a source message right before
