@@ -8,9 +8,11 @@ import base64
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import BrokerProcess
 from tests.http.conftest import consume_all, make_topic, problem, stored_count
+from txbroker_sdk.errors import ReplicationTimeout
 
 
 async def test_a_message_is_stored_and_delivered_like_a_tcp_send(
@@ -137,7 +139,9 @@ async def test_a_key_still_in_flight_is_409_and_a_slow_write_is_503(tmp_path: Pa
         tmp_path / "b", "--replication", "sync", "--replication-timeout-ms", "2000"
     ).start()
     try:
-        await make_topic(b, "pub-held")
+        # The topic is made on the master; its answer waits for a slave to hold it too.
+        with pytest.raises(ReplicationTimeout):
+            await make_topic(b, "pub-held")
         url = "/v1/topics/pub-held/messages"
         async with httpx.AsyncClient(base_url=b.http, timeout=30) as h:
             key = {"Idempotency-Key": "held-1"}
