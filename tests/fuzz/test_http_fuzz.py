@@ -59,11 +59,13 @@ async def test_a_malformed_chunk_is_answered_400_without_a_traceback(
     after them made uvicorn answer 400 itself, and the app's own answer then raised on the
     finished connection ("Exception in ASGI application" and a traceback in the log)."""
     where = urlsplit(token_broker.http)
-    raw = (
-        b"POST /console/login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-        b"Content-Length: 3\r\n\r\nzz\r\n"
-    )
-    for _ in range(10):  # the race was lost every time on an idle broker; 10 to be sure
+    chunked = b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    raws = [
+        b"POST /console/login" + chunked + b"Content-Length: 3\r\n\r\nzz\r\n",
+        b"POST /console/login" + chunked + b"\r\nzz\r\n",  # headers fine, the chunk not
+        b"POST /v1/topics/t/messages" + chunked + b"\r\n2\r\n{}\r\nzz\r\n",  # one good first
+    ]
+    for raw in raws * 10:  # the race was lost every time on an idle broker; 10 to be sure
         reader, writer = await asyncio.open_connection(where.hostname, where.port)
         writer.write(raw)
         async with asyncio.timeout(10):

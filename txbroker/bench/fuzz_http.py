@@ -75,6 +75,9 @@ _MALFORMED: Final = (
     b"POST /console/login HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
     b"POST /console/login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
     b"Content-Length: 3\r\n\r\nzz\r\n",
+    b"POST /console/login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\n{}\r\nzz\r\n",
     b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
     b"GET /v1/topics\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
     b"GET /v1/topics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from txbroker.runtime.tls import TlsFiles
 from txbroker.runtime.turnwriter import TurnWriter
@@ -60,13 +60,14 @@ class _TurnTransport:
         return getattr(self._transport, name)
 
 
-class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol without a race the HTTP fuzz found (docs/reliability.md,
-    "Fuzzing"): once a request's headers parse, its app starts; when the bytes after them are
-    malformed (a bad chunk), uvicorn answers 400 itself and closes, but the app's cycle learns
-    of the close only a loop turn later, so the app's own answer met a finished connection and
-    was logged as "Exception in ASGI application". Marking the cycle disconnected first drops
-    that answer, as for a client that left."""
+class _HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (the C parser: h11, pure Python, cost about a quarter of
+    the broker's CPU per HTTP publish, docs/benchmarks.md "HTTP API") without a race the HTTP
+    fuzz found (docs/reliability.md, "Fuzzing"): once a request's headers parse, its app
+    starts; when the bytes after them are malformed (a bad chunk), uvicorn answers 400 itself
+    and closes, but the app's cycle learns of the close only a loop turn later, so the app's own
+    answer met a finished connection and was logged as "Exception in ASGI application". Marking
+    the cycle disconnected first drops that answer, as for a client that left."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _TurnTransport(transport)))
@@ -100,7 +101,7 @@ class HttpServer:
             port=port,
             log_level="warning",
             lifespan="off",
-            http=_H11Protocol,
+            http=_HttpProtocol,
             **ssl_options,
         )
         self._server = _Server(config)
