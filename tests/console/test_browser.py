@@ -83,8 +83,18 @@ async def test_a_pending_transaction_committed_by_clicking_reaches_a_consumer(
         _no_script_ran(browser)
         shots(browser, "transactions-pending")
 
-        row.find_element(CSS, "button.ok").click()  # Commit
+        row.find_element(CSS, "a.btn.ok").click()  # Commit…: a confirmation first
+        wait_for(lambda: "/commit" in browser.current_url, "the confirmation page")
+        text = _text(browser)
+        assert f"Commit transaction {tx.tx_id}?" in text
+        assert "Publishes the message shown here to orders, queue" in text
+        assert EVIL_KEY in text and "none yet" in text  # its key; no back-check has run
+        assert (await c.show_transaction(tx.tx_id)).state == "prepared"  # nothing done yet
+        _no_script_ran(browser)
+        shots(browser, "confirm-commit")
+        browser.find_element(CSS, "form.confirm button.ok").click()
         assert _notice(browser) == f"transaction {tx.tx_id} committed"
+        assert browser.current_url.endswith("/console/transactions")  # back where it began
         assert (await c.show_transaction(tx.tx_id)).state == "committed"
         async with Consumer(c, "billing", "orders") as consumer:
             got = await until(lambda: consumer.fetch(timeout_ms=500), "the committed message")
@@ -161,7 +171,14 @@ async def test_a_parked_transaction_shows_why_and_is_resumed_then_rolled_back(
         await until(parked, "the resumed transaction to be parked again")
         browser.get(f"{b.http}/console/transactions/{tx.tx_id}")
         assert "resumed by operator" in _text(browser)
-        browser.find_element(CSS, ".act-bar button.bad").click()  # Roll back
+        browser.find_element(CSS, ".act-bar a.btn.bad").click()  # Roll back…
+        text = wait_for(lambda: "Publishes nothing" in _text(browser) and _text(browser), "it")
+        assert f"Roll back transaction {tx.tx_id}?" in text and "o-7" in text
+        assert "parked after 2 checks" in text  # why it is parked ...
+        last = browser.find_element(CSS, ".last-check").text
+        assert last.startswith("unknown") and "answered UNKNOWN" in last  # ... the last answer
+        shots(browser, "confirm-rollback")
+        browser.find_element(CSS, "form.confirm button.bad").click()
         assert _notice(browser) == f"transaction {tx.tx_id} rolled back"
         assert (await c.show_transaction(tx.tx_id)).state == "rolled_back"
         browser.get(f"{b.http}/console/transactions/{tx.tx_id}")
@@ -186,7 +203,8 @@ async def test_without_the_token_the_action_is_refused(
 
         sign_in(browser, b.http)
         browser.get(f"{b.http}/console/transactions")
-        button = _row(browser, tx.tx_id).find_element(CSS, "button.ok")
+        _row(browser, tx.tx_id).find_element(CSS, "a.btn.ok").click()
+        button = wait_for(lambda: browser.find_elements(CSS, "form.confirm button"), "it")[0]
         browser.delete_all_cookies()  # the session is gone (expired, or never signed in)
         button.click()
         wait_for(lambda: "Sign in required" in _text(browser), "the refusal")

@@ -73,7 +73,15 @@ async def test_actions_need_a_session_its_csrf_token_and_the_same_origin(
         assert r.status_code == 400  # larger than any console form
 
         headers = {"origin": origin, "sec-fetch-site": "same-origin"}
-        r = await h.post(act, data={"csrf": csrf, "back": "//evil.example/x"}, headers=headers)
+        r = await h.post(act, data={"csrf": csrf}, headers=headers)
+        assert r.status_code == 303  # a well-formed action, but not from the confirmation page
+        assert (await c.show_transaction(tx.tx_id)).state == "prepared"
+        assert "from its confirmation page only" in (await h.get("/console/")).text
+        confirmation = await h.get(act)
+        m = re.search(r'name="seen" value="([^"]+)"', confirmation.text)
+        assert confirmation.status_code == 200 and m is not None
+        form = {"csrf": csrf, "seen": m.group(1), "back": "//evil.example/x"}
+        r = await h.post(act, data=form, headers=headers)
         assert r.status_code == 303 and r.headers["location"] == "/console"  # not elsewhere
         assert (await c.show_transaction(tx.tx_id)).state == "committed"
         page = await h.get("/console/")

@@ -129,7 +129,11 @@ async def test_the_console_signs_in_readers_and_lets_only_admins_act(
             assert (await h.post("/console/login", data={"token": ADMIN})).status_code == 303
             page = await h.get("/console/transactions")
             assert act in page.text
-            r = await h.post(act, data={"csrf": _csrf(page.text)}, headers=same_origin)
+            confirmation = await h.get(act)  # commit is confirmed on its own page
+            seen = re.search(r'name="seen" value="([^"]+)"', confirmation.text)
+            assert seen is not None
+            form = {"csrf": _csrf(confirmation.text), "seen": seen.group(1)}
+            r = await h.post(act, data=form, headers=same_origin)
             assert r.status_code == 303
             assert (await c.show_transaction(tx.tx_id)).state == "committed"
     log = secured.log_path.read_text()

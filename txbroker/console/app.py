@@ -26,6 +26,7 @@ from txbroker.console.views import (
     login,
     overview,
     reconciliation,
+    search,
     transactions,
 )
 
@@ -83,6 +84,7 @@ def build_console(deps: Deps) -> Starlette:
         *overview.routes(ctx),
         *groups.routes(ctx),
         *transactions.routes(ctx),
+        *search.routes(ctx),
         *deadletters.routes(ctx),
         *reconciliation.routes(ctx),
         *cluster.routes(ctx),

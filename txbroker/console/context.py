@@ -27,6 +27,7 @@ from txbroker.console.session import COOKIE, FLASH_COOKIE, SESSION_TTL_S, Sessio
 from txbroker.errors import NotFound, TxbError
 from txbroker.server.admin import Admin
 from txbroker.server.groups import GroupCoordinator
+from txbroker.server.rates import WINDOW_S
 from txbroker.server.retry import RetryService
 from txbroker.server.tokens import Role, TokenTable
 from txbroker.server.topics import TopicRegistry
@@ -46,6 +47,8 @@ NAV: Final = (
     ("reconciliation", "/reconciliation", "Reconciliation"),
     ("cluster", "/cluster", "Cluster"),
 )
+# How the pages name the span a rate is measured over (rates.py).
+RATE_WINDOW: Final = f"last {WINDOW_S:g} s"
 # A notice lives until the page it was meant for is shown (or a minute passes).
 FLASH_MAX_AGE_S: Final = 60
 
@@ -128,6 +131,8 @@ class Context:
             "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             "notice": notice,
             "active": "",  # the page's entry in NAV, if it has one
+            "query": "",  # what the header's search box holds
+            "rate_window": RATE_WINDOW,
         }
         response = self.templates.TemplateResponse(
             request, name, {**common, **context}, status_code=status

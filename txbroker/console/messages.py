@@ -1,6 +1,7 @@
-"""A stored message as a page shows it: its key, tags and headers, and a bounded preview of
-its body (text when it is UTF-8, hex otherwise). Everything here is user data: templates
-escape it; this module only bounds its size."""
+"""A stored message as a page shows it: its key, tags and headers, the transaction it belongs
+to (so the page can link its timeline), and a bounded preview of its body (text when it is
+UTF-8, hex otherwise). Everything here is user data: templates escape it; this module only
+bounds its size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Final
 
 from txbroker.server.producer import HEADER_PREFIX
 from txbroker.store import StoredMessage
+from txbroker.tx.state import PROP_TX
 
 __all__ = ["BODY_PREVIEW_CHARS", "MessageView", "clip"]
 
@@ -38,6 +40,7 @@ class MessageView:
     body: str
     binary: bool
     clipped: bool
+    tx_id: str | None  # the transaction that published it; None for a plain send
 
     @classmethod
     def of(cls, m: StoredMessage) -> MessageView:
@@ -68,4 +71,5 @@ class MessageView:
             body,
             binary,
             clipped,
+            m.properties.get(PROP_TX) or None,
         )

@@ -33,7 +33,14 @@ from txbroker.tx.state import (
     Tx,
 )
 
-__all__ = ["Event", "GroupProgress", "Timeline", "build_timeline", "trace_id_of"]
+__all__ = [
+    "Event",
+    "GroupProgress",
+    "Timeline",
+    "build_timeline",
+    "group_progress",
+    "trace_id_of",
+]
 
 # %TXOP records read looking for this transaction's park and resume: a few seconds of a busy
 # broker's rollbacks; past it the page says the scan stopped.
@@ -229,7 +236,7 @@ async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
         where = f"{visible.topic} queue {visible.queue_id} at offset {visible.queue_offset}"
         at = visible.store_timestamp_ms
         t.events.append(Event(at, "deliver", "visible to consumers", where, "ok"))
-        t.groups = await _progress(deps, visible)
+        t.groups = await group_progress(deps, visible)
     t.events.sort(key=lambda e: e.at_ms)
 
     traceparent = tx.traceparent if tx is not None else None
@@ -243,7 +250,9 @@ async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
     return t
 
 
-async def _progress(deps: Deps, m: StoredMessage) -> list[GroupProgress]:
+async def group_progress(deps: Deps, m: StoredMessage) -> list[GroupProgress]:
+    """How far each consumer group of ``m``'s topic got with it (committed offsets, and a NACK
+    of it in the index)."""
     out = []
     for g in deps.admin.groups(topic=m.topic):
         q = next((q for q in g.queues if q.queue == m.queue_id), None)

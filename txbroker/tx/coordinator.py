@@ -436,6 +436,31 @@ class TxCoordinator:
             raise TransactionNotFound(f"no open or recent transaction {tx_id!r}")
         return tx
 
+    def ended(
+        self,
+        limit: int,
+        *,
+        state: TxState | None = None,
+        topic: str | None = None,
+        by: Resolver | None = None,
+        key: str | None = None,
+    ) -> list[Tx]:
+        """The newest ``limit`` ended transactions that match, newest first, from the last
+        RECENT_MAX committed or rolled back since the broker started (memory only: older ones
+        are found in the log by their id, ``txend:<tx>``)."""
+        out: list[Tx] = []
+        for tx in reversed(self._recent.values()):
+            if (
+                (state is None or tx.state is state)
+                and (topic is None or tx.topic == topic)
+                and (by is None or tx.resolved_by == by.value)
+                and (key is None or tx.key == key)
+            ):
+                out.append(tx)
+                if len(out) >= limit:
+                    break
+        return out
+
     def list(self, state: TxState | None, topic: str | None) -> list[Tx]:
         out = [
             tx
