@@ -175,8 +175,8 @@ async def _scan(deps: Deps, q: str, hits: _Hits) -> Scan:
     for topic, queue in queues:
         lo, hi = deps.store.queue_range(topic, queue)
         offset = max(lo, hi - per_queue)
-        if offset > lo or read >= SCAN_MAX:
-            complete = False
+        if offset > lo:
+            complete = False  # older messages than this queue's share
         while offset < hi and read < SCAN_MAX:
             count = min(SCAN_BATCH, hi - offset, SCAN_MAX - read)
             got = await deps.store.get_messages(topic, queue, offset, count)
@@ -232,7 +232,7 @@ async def search(deps: Deps, query: str) -> Found:
                 hits.message(m, label)
 
     # open and recently ended transactions, by key or message id (their halves are not indexed)
-    for t in [*deps.tx.list(None, None), *deps.tx.ended(LOOKUP_MAX, key=q)]:
+    for t in [*deps.tx.open.values(), *deps.tx.ended(LOOKUP_MAX, key=q)]:
         if t.key == q:
             hits.tx(t.tx_id, "key", tx=t)
         if t.message_id == q:
