@@ -60,12 +60,14 @@ SWEEP_INTERVAL_S = 0.05
 class Connection:
     """One connection to the broker, made by :meth:`connect` or by the first request. The first
     connection is tried for up to ``connect_deadline_s`` (a broker still starting is waited
-    for; 0: one attempt), each failed attempt logged as a WARNING, then
-    :class:`BrokerUnreachable` names the address. When the connection drops, requests in flight
-    fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
-    key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
-    seconds. A connection that sent nothing for ``keepalive_s`` pings the broker (0: never), so
-    the broker's idle timeout does not close it.
+    for; 0: one attempt), each failed attempt logged as a WARNING (on ``attempts_log``), then
+    :class:`BrokerUnreachable` names the address. An address that answers in HTTP (the broker's
+    HTTP port) raises :class:`WrongPort` at once, naming the TCP port when the broker's HTTP port
+    told it; a token given to a broker that checks none is logged once as a WARNING. When the
+    connection drops, requests in flight fail with :class:`ConnectionClosed` (their outcome is
+    unknown: resend with an idempotency key); the next request reconnects, backing off
+    exponentially, for up to ``reconnect_s`` seconds. A connection that sent nothing for
+    ``keepalive_s`` pings the broker (0: never), so the broker's idle timeout does not close it.
 
     Why the keep-alive: the broker closes authenticated connections that stay silent for its
     ``idle_timeout_ms`` (5 minutes by default), and a service that publishes rarely should not find
