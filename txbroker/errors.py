@@ -22,6 +22,7 @@ The tree, with the behaviour each category carries as class attributes::
     │                             request is refused, the connection stays open
     ├── ProtocolError             malformed stream: the connection is closed
     │   ├── FrameTooLarge         a frame over MAX_FRAME_BYTES
+    │   ├── WrongPort             HTTP met txbroker frames: the address is the other port
     │   └── TlsRequired           a plain client at a TLS listener (connect with txbs://)
     ├── ConnectionLimit           a limit of the broker closed the connection (retriable:
     │   │                         connect again; the SDK does so by itself)
@@ -85,6 +86,7 @@ __all__ = [
     "TransactionNotFound",
     "TxbError",
     "Unauthenticated",
+    "WrongPort",
     "error_class",
 ]
 
@@ -163,6 +165,18 @@ class ProtocolError(TxbError):
 
 class FrameTooLarge(ProtocolError):
     code = "FRAME_TOO_LARGE"
+
+
+class WrongPort(ProtocolError):
+    """HTTP where txbroker frames belong: a client's frames reached an HTTP port (the broker's
+    HTTP port, which answers naming its TCP port), or an HTTP request reached a TCP port (the
+    broker answers in HTTP, naming its HTTP port). Not retried: the address is wrong."""
+
+    code = "WRONG_PORT"
+
+    def __init__(self, message: str, seen: bytes = b"") -> None:
+        super().__init__(message)
+        self.seen = seen  # the first bytes the other side sent (the HTTP answer's head)
 
 
 class TlsRequired(ProtocolError):

@@ -19,19 +19,30 @@ import time
 from pathlib import Path
 from typing import Any, Final, Self
 
-from txbroker.errors import ConnectionLimit, InvalidArgument, TxbError, error_class
+from txbroker.errors import ConnectionLimit, InvalidArgument, TxbError, WrongPort, error_class
 from txbroker.protocol.codec import Frame, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
-from txbroker.protocol.messages import Empty, Hello, decode_error, decode_response, encode_body
+from txbroker.protocol.messages import (
+    Empty,
+    Hello,
+    HelloOk,
+    decode_error,
+    decode_response,
+    encode_body,
+)
+from txbroker.protocol.wrongport import first_line, tcp_port_named
 from txbroker.runtime.tls import client_context
 from txbroker.runtime.turnwriter import TurnWriter
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout, TlsFailed
-from txbroker_sdk.requests import parse_server_url, uses_tls
+from txbroker_sdk.requests import DEFAULT_PORT, parse_server_url, uses_tls
 from txbroker_sdk.wire import Wire
 
 __all__ = ["DEFAULT_CONNECT_DEADLINE_S", "DEFAULT_KEEPALIVE_S", "SWEEP_INTERVAL_S", "Connection"]
 
 log = logging.getLogger(__name__)
+# Each failed connection attempt, on a logger of its own: a program that reports the final
+# failure itself (the CLI without -v) quiets the attempts without losing the other warnings.
+attempts_log = logging.getLogger(f"{__name__}.attempts")
 
 # How long the first connection is retried by default: long enough for a broker that starts
 # beside the service (compose, a test), short enough that a wrong address fails the start.
@@ -39,6 +50,9 @@ DEFAULT_CONNECT_DEADLINE_S: Final = 10.0
 # A connection silent this long sends a PING: a fifth of the broker's default idle timeout
 # (300 s), so a PING lost or late still leaves four more chances.
 DEFAULT_KEEPALIVE_S: Final = 60.0
+# The attempt made at the connect deadline still gets this long: a reachable broker accepts and
+# answers HELLO in milliseconds, so this only bounds how long a stalled attempt holds the caller.
+LAST_ATTEMPT_S: Final = 0.5
 # Deadlines are checked this often: a timeout fires at most this much late.
 SWEEP_INTERVAL_S = 0.05
 
@@ -46,12 +60,14 @@ SWEEP_INTERVAL_S = 0.05
 class Connection:
     """One connection to the broker, made by :meth:`connect` or by the first request. The first
     connection is tried for up to ``connect_deadline_s`` (a broker still starting is waited
-    for; 0: one attempt), each failed attempt logged as a WARNING, then
-    :class:`BrokerUnreachable` names the address. When the connection drops, requests in flight
-    fail with :class:`ConnectionClosed` (their outcome is unknown: resend with an idempotency
-    key); the next request reconnects, backing off exponentially, for up to ``reconnect_s``
-    seconds. A connection that sent nothing for ``keepalive_s`` pings the broker (0: never), so
-    the broker's idle timeout does not close it.
+    for; 0: one attempt), each failed attempt logged as a WARNING (on ``attempts_log``), then
+    :class:`BrokerUnreachable` names the address. An address that answers in HTTP (the broker's
+    HTTP port) raises :class:`WrongPort` at once, naming the TCP port when the broker's HTTP port
+    told it; a token given to a broker that checks none is logged once as a WARNING. When the
+    connection drops, requests in flight fail with :class:`ConnectionClosed` (their outcome is
+    unknown: resend with an idempotency key); the next request reconnects, backing off
+    exponentially, for up to ``reconnect_s`` seconds. A connection that sent nothing for
+    ``keepalive_s`` pings the broker (0: never), so the broker's idle timeout does not close it.
 
     Why the keep-alive: the broker closes authenticated connections that stay silent for its
     ``idle_timeout_ms`` (5 minutes by default), and a service that publishes rarely should not find
@@ -100,6 +116,7 @@ class Connection:
         self._keepalive: asyncio.TimerHandle | None = None
         self._quiet = False  # nothing sent since the keepalive last looked
         self._connected_once = False  # later connections are reconnects (``reconnect_s``)
+        self._token_told = False  # warned that the broker checks no tokens
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # Request deadlines are checked by one sweeper task rather than a timer per request:
         # a timer per request cost as much as the request itself in the client's profile.
@@ -154,13 +171,14 @@ class Connection:
             raise
         return client
 
-    async def _open(self) -> None:
-        """One connection attempt: TCP (and TLS), then HELLO (which checks the auth token)."""
+    async def _open(self, limit_s: float) -> None:
+        """One connection attempt: TCP (and TLS), then HELLO (which checks the auth token),
+        each within ``limit_s``."""
         loop = asyncio.get_running_loop()
         wire = Wire(self, loop)
         where = f"{self._host}:{self._port}"
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(limit_s):
                 transport, _ = await loop.create_connection(
                     lambda: wire,
                     self._host,
@@ -179,16 +197,22 @@ class Connection:
                 f"TLS handshake with {where} failed ({e.reason or e}); does the broker serve "
                 "TLS on this port? (a plain one is txb://)"
             ) from e
-        except (OSError, TimeoutError) as e:
+        except TimeoutError as e:
+            raise ConnectionClosed(f"cannot connect to {where}: no answer in {limit_s:g} s") from e
+        except OSError as e:
             raise ConnectionClosed(f"cannot connect to {where}: {e}") from e
         self._wire = wire
         self._loop = loop
         self._out = TurnWriter(loop, transport.write)
         self._closed = None
         try:
-            await self._send_request(
-                Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
+            hello: HelloOk = await self._send_request(
+                Opcode.HELLO, Hello("python-sdk", self._token), limit_s
             )
+        except WrongPort as e:
+            await self._drop()
+            self._closed = WrongPort(self._wrong_port(e.seen), e.seen)
+            raise self._closed from e
         except ConnectionClosed as e:
             await self._drop()
             if self._ssl is None:
@@ -211,6 +235,31 @@ class Connection:
         self._connected_once = True
         if self._keepalive_s:
             self._keepalive = loop.call_later(self._keepalive_s, self._keep_alive, wire)
+        if self._token is not None and hello.auth_required is False and not self._token_told:
+            self._token_told = True  # once per client, not on every reconnect
+            log.warning(
+                "an auth token was given, but the broker at %s checks none (it has no tokens): "
+                "the token is ignored, and the broker serves anyone who can reach it",
+                where,
+            )
+
+    def _wrong_port(self, seen: bytes) -> str:
+        """What to say when this address answered HELLO in HTTP (``seen``: the answer's head)."""
+        where = f"{self._host}:{self._port}"
+        line = first_line(seen)
+        tcp = tcp_port_named(seen)
+        if tcp is None:
+            return (
+                f"{where} answered in HTTP ({line}): that is an HTTP port (the broker's HTTP "
+                f"port?), not a broker's TCP port; the TCP port is the broker's --port "
+                f"({DEFAULT_PORT} unless set)"
+            )
+        scheme = "txbs" if self._ssl is not None else "txb"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return (
+            f"{where} is the broker's HTTP port (it answered in HTTP: {line}); the TCP port is "
+            f"{tcp}: {scheme}://{host}:{tcp}"
+        )
 
     def _keep_alive(self, wire: Wire) -> None:
         """Every ``keepalive_s`` while ``wire`` is the connection: a PING if nothing was sent
@@ -240,13 +289,18 @@ class Connection:
     async def _dial(self, deadline_s: float) -> None:
         """Connect, retrying for up to ``deadline_s`` with a backoff from 50 ms doubling to 2 s
         (a broker restart takes seconds); each failure is logged, so a wrong or down address
-        shows at once in the service's log rather than as a silent wait."""
+        shows at once in the service's log rather than as a silent wait. No attempt runs past
+        the deadline (0: one attempt, within ``timeout_s``)."""
         deadline = time.monotonic() + deadline_s
         backoff, attempt = 0.05, 0
         while True:
             attempt += 1
+            limit = self._timeout_s
+            if deadline_s > 0:
+                left = round(deadline - time.monotonic(), 3)  # to the ms: said in errors
+                limit = min(limit, max(left, LAST_ATTEMPT_S))
             try:
-                await self._open()
+                await self._open(limit)
                 return
             except ConnectionClosed as e:
                 left = deadline - time.monotonic()
@@ -258,7 +312,7 @@ class Connection:
                         f"({attempt} attempts; is the broker running there?): {e.__cause__ or e}"
                     ) from e
                 pause = min(backoff, left)
-                log.warning(
+                attempts_log.warning(
                     "broker %s:%s: attempt %d failed (%s); retrying in %.2f s",
                     self._host,
                     self._port,
@@ -477,7 +531,7 @@ def _ignore(fut: asyncio.Future[Any]) -> None:
 
 def _timed_out(opcode: int, timeout_s: float) -> RequestTimeout:
     return RequestTimeout(
-        f"{Opcode(opcode).name} got no answer within {timeout_s} s (its outcome is unknown)"
+        f"{Opcode(opcode).name} got no answer within {timeout_s:g} s (its outcome is unknown)"
     )
 
 

@@ -5,7 +5,7 @@ help; ``code`` is stable. ``A > B, C``: B and C are kinds of A, caught with it.
     TxbError
     ├── InvalidArgument > BadRequest, InvalidName, MessageTooLarge, InvalidOffset
     ├── NotFound > NoRoute, TransactionNotFound
-    ├── ProtocolError > TlsRequired
+    ├── ProtocolError > TlsRequired, WrongPort
     ├── ReplicationError > NotMaster, ReplicationTimeout
     ├── ConnectionClosed* > BrokerUnreachable*
     ├── RequestTimeout*, TlsFailed, TopicExists, TransactionConflict, TooManyTransactions*,
@@ -40,6 +40,7 @@ from txbroker.errors import (
     TransactionNotFound,
     TxbError,
     Unauthenticated,
+    WrongPort,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "RequestTimeout",
     "ProtocolError",
     "TlsRequired",
+    "WrongPort",
     "TlsFailed",
     # the service's side
     "TransactionFenced",

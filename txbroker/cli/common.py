@@ -4,29 +4,36 @@ options every command of a kind takes."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from txbroker.errors import InvalidArgument
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "DEFAULT_SERVER",
     "Subparsers",
     "add_broker_options",
     "add_database_option",
     "auth_token",
+    "client_logging",
     "client_options",
     "database_url",
     "non_negative",
     "positive",
     "run",
+    "seconds",
     "server_url",
     "with_client",
 ]
 
 T = TypeVar("T")
 DEFAULT_SERVER = "txb://127.0.0.1:9876"
+# How long a command tries to reach the broker: one that is up answers in milliseconds, and a
+# person at a terminal wants a wrong address named in seconds, not after a service's 10 s wait.
+CONNECT_TIMEOUT_S: Final = 3.0
 
 
 class Subparsers(Protocol):
@@ -61,6 +68,13 @@ def non_negative(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
 # --- commands that talk to a broker ---
 
 
@@ -83,6 +97,20 @@ def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
         metavar="PEM",
         help="the private key of --tls-client-cert (TXB_TLS_CLIENT_KEY)",
     )
+    p.add_argument(
+        "--connect-timeout",
+        type=seconds,
+        default=CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up on a broker not reached within this long (default {CONNECT_TIMEOUT_S:g}; "
+        "0: one attempt)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show each failed attempt to connect, and the client's informational log",
+    )
     p.add_argument("--json", action="store_true", help=json_help)
 
 
@@ -96,9 +124,12 @@ def auth_token(args: argparse.Namespace) -> str | None:
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``Client`` the broker options give: the token and TLS files."""
+    """The keyword arguments of ``Client`` the broker options give: the token, the TLS files
+    and (for a command with ``--connect-timeout``) the connect deadline."""
     env = os.environ
     options: dict[str, Any] = {"auth_token": auth_token(args)}
+    if (timeout := getattr(args, "connect_timeout", None)) is not None:
+        options["connect_deadline_s"] = timeout
     if server_url(args).startswith("txbs://"):  # the TLS files mean nothing to a plain URL
         options["tls_ca"] = getattr(args, "tls_ca", None) or env.get("TXB_TLS_CA")
         options["tls_cert"] = getattr(args, "tls_client_cert", None) or env.get(
@@ -120,9 +151,31 @@ def with_client(
             async with await Client.connect(server_url(args), **client_options(args)) as c:
                 return await fn(c, args)
 
+        client_logging(args)
         return run(main())
 
     return handler
+
+
+class _Lines(logging.Formatter):
+    """``txbroker: warning: ...``: a log record reads as the command's errors do."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"txbroker: {record.levelname.lower()}: {super().format(record)}"
+
+
+def client_logging(args: argparse.Namespace) -> None:
+    """The client's log on stderr: its warnings (a token the broker does not check, say), and
+    with ``-v`` its informational lines and each failed connection attempt, which are left out
+    otherwise: the final error says how many attempts failed and why."""
+    from txbroker_sdk.connection import attempts_log
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Lines("%(message)s"))
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    if not verbose:
+        attempts_log.setLevel(logging.ERROR)
 
 
 # --- commands that work on a service's database ---

@@ -9,7 +9,7 @@ from typing import Any
 from txbroker.cli.common import (
     Subparsers,
     add_broker_options,
-    auth_token,
+    client_logging,
     client_options,
     positive,
     run,
@@ -93,6 +93,7 @@ def topic_record(t: Any) -> dict[str, Any]:
 def _create_command(args: argparse.Namespace) -> int:
     if args.groups is None:
         return with_client(_create)(args)
+    client_logging(args)
     coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
     if not coordinator:
         raise InvalidArgument("--groups needs --coordinator etcd://host:port (or TXB_COORDINATOR)")
@@ -146,10 +147,8 @@ async def _create_routed(coordinator_url: str, groups: list[str], args: argparse
 
 
 def _options_for(address: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The client options for a master's address: the token, and the TLS files for txbs://."""
-    if address.startswith("txbs://"):
-        return client_options(argparse.Namespace(**{**vars(args), "server": address}))
-    return {"auth_token": auth_token(args)}
+    """The client options for a master's address (its TLS files for txbs://)."""
+    return client_options(argparse.Namespace(**{**vars(args), "server": address}))
 
 
 async def _create(c: Any, args: argparse.Namespace) -> int:

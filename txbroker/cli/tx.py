@@ -62,7 +62,12 @@ def register(sub: Subparsers) -> None:
     p = xsub.add_parser("prepare", help="prepare a half message (for operators and tests)")
     p.add_argument("topic", help="topic the message goes to once committed")
     p.add_argument("--check-url", required=True, help="the service's check-back endpoint")
-    p.add_argument("--group", default="cli", help="producer group (its secret signs checks)")
+    p.add_argument(
+        "--group",
+        default="cli",
+        help="producer group: the broker signs its back-checks with this group's --tx-secret "
+        "(default: cli)",
+    )
     p.add_argument("--key", help="business key of the message")
     p.add_argument("--body", help="message text (default: empty)")
     p.add_argument("--timeout-ms", type=positive, help="first back-check after this long")

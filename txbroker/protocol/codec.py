@@ -2,8 +2,9 @@
 
 The server and the client each wrap one :class:`FrameDecoder` per connection and feed it what
 the transport delivers, in chunks of any size. A malformed stream raises
-:class:`~txbroker.errors.ProtocolError` with a stable code; the caller answers with an error
-frame and closes the connection (the stream cannot be resynchronised after garbage).
+:class:`~txbroker.errors.ProtocolError` with a stable code (``WrongPort`` for HTTP:
+``wrongport.py``); the caller answers with an error frame and closes the connection (the stream
+cannot be resynchronised after garbage).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from txbroker.protocol.frames import (
     PROTOCOL_VERSION,
     FrameKind,
 )
+from txbroker.protocol.wrongport import SEEN_BYTES_MAX, http_met
 
 __all__ = ["Frame", "FrameDecoder", "encode_frame"]
 
@@ -76,9 +78,13 @@ class FrameDecoder:
                 (length,) = LENGTH.unpack_from(buf, pos)
                 if length > self._max:
                     raise FrameTooLarge(f"frame length {length} exceeds the {self._max} limit")
-        except ProtocolError:
+        except ProtocolError as e:
             self.broken = True
+            # HTTP's letters, read as a length, are over the limit: say it is HTTP instead.
+            http = http_met(buf[pos : pos + SEEN_BYTES_MAX]) if type(e) is FrameTooLarge else None
             buf.clear()
+            if http is not None:
+                raise http from None
             raise
         del buf[:pos]
         return frames

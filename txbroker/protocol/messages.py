@@ -62,6 +62,9 @@ class Hello(msgspec.Struct, frozen=True):
 class HelloOk(msgspec.Struct, frozen=True):
     server_version: str
     protocol_version: int
+    # Whether the server checks auth tokens, so a client that sent one to a broker without
+    # tokens can say so; None: the server does not say (a NameServer, an older broker).
+    auth_required: bool | None = None
 
 
 class ErrorBody(msgspec.Struct, frozen=True):

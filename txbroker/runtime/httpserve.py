@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -67,7 +67,11 @@ class _HttpProtocol(HttpToolsProtocol):
     starts; when the bytes after them are malformed (a bad chunk), uvicorn answers 400 itself
     and closes, but the app's cycle learns of the close only a loop turn later, so the app's own
     answer met a finished connection and was logged as "Exception in ASGI application". Marking
-    the cycle disconnected first drops that answer, as for a client that left."""
+    the cycle disconnected first drops that answer, as for a client that left.
+
+    ``not_http_note`` is added to the 400 answer's text (``HttpServer``'s ``not_http_note``)."""
+
+    not_http_note: ClassVar[str] = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _TurnTransport(transport)))
@@ -79,14 +83,31 @@ class _HttpProtocol(HttpToolsProtocol):
             if cycle.response_started:  # the app's answer is half sent: no 400 can follow it
                 self.transport.close()
                 return
-        super().send_400_response(msg)
+        super().send_400_response(f"{msg} {self.not_http_note}" if self.not_http_note else msg)
+
+
+def _noted(note: str) -> type[_HttpProtocol]:
+    """The protocol class with ``note`` (uvicorn makes a protocol from a class, per connection)."""
+
+    class _NotedProtocol(_HttpProtocol):
+        not_http_note = note
+
+    return _NotedProtocol
 
 
 class HttpServer:
     def __init__(
-        self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, tls: TlsFiles | None = None
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tls: TlsFiles | None = None,
+        not_http_note: str = "",
     ) -> None:
-        """``tls``: serve HTTPS with these files (mutual TLS with a client CA)."""
+        """``tls``: serve HTTPS with these files (mutual TLS with a client CA).
+        ``not_http_note``: ASCII text added to the 400 answer to bytes that are not HTTP (the
+        broker names its TCP port there, for a client that connected here by mistake)."""
         ssl_options: dict[str, Any] = {}
         if tls is not None:
             ssl_options = {
@@ -101,7 +122,7 @@ class HttpServer:
             port=port,
             log_level="warning",
             lifespan="off",
-            http=_HttpProtocol,
+            http=_noted(not_http_note) if not_http_note else _HttpProtocol,
             **ssl_options,
         )
         self._server = _Server(config)

@@ -16,6 +16,7 @@ from txbroker import __version__
 from txbroker.cluster.routes import BrokerInfo
 from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
+from txbroker.protocol.wrongport import http_port_note
 from txbroker.runtime.brokerproc import READY_PREFIX
 from txbroker.runtime.fdlimit import FileLimit, open_files, raise_nofile_limit
 from txbroker.runtime.gctune import tune_for_serving
@@ -245,7 +246,7 @@ class BrokerServer:
         self.receiver.start()
 
         def hello(_: Hello) -> HelloOk:
-            return HelloOk(__version__, PROTOCOL_VERSION)
+            return HelloOk(__version__, PROTOCOL_VERSION, access.tokens.required)
 
         admission = self.admission = Admission(self._connection_limits(files))
         admission.start()
@@ -258,6 +259,7 @@ class BrokerServer:
                 connections=self._connections,
                 role=role,
                 admission=admission,
+                http_port=self.http_port,
             )
 
         tls = self._tls_files()
@@ -317,7 +319,9 @@ class BrokerServer:
             master_http=lambda: self.master_http,
             receiver=self.receiver,
         )
-        self._http = HttpServer(app, cfg.host, cfg.http_port, tls=tls)
+        self._http = HttpServer(
+            app, cfg.host, cfg.http_port, tls=tls, not_http_note=http_port_note(self.port)
+        )
         await self._http.start()
         self.http_port = self._http.port
         _warn_if_exposed(cfg, access, self.port, self.http_port)

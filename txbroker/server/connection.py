@@ -25,10 +25,12 @@ from txbroker.errors import (
     TooManyConnections,
     TxbError,
     Unauthenticated,
+    WrongPort,
 )
 from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import ErrorBody, Hello, decode_request, encode_body
+from txbroker.protocol.wrongport import first_line, http_refusal
 from txbroker.runtime.turnwriter import TurnWriter
 from txbroker.server.access import Access
 from txbroker.server.admission import Admission
@@ -93,8 +95,10 @@ class Connection(asyncio.Protocol):
         connections: set[Connection],
         role: Role | None = None,
         admission: Admission | None = None,
+        http_port: int = 0,
     ) -> None:
         self._handlers = handlers
+        self._http_port = http_port  # named to a client that speaks HTTP here (0: none)
         self._role = role or Role()
         self._access = access or Access(TokenTable(), lambda _: None)
         self._hello = hello
@@ -157,6 +161,9 @@ class Connection(asyncio.Protocol):
         self.heard = True
         try:
             frames = self._decoder.feed(data)
+        except WrongPort as e:
+            self._refuse_http(e)
+            return
         except ProtocolError as e:
             self._fatal(e)
             return
@@ -311,14 +318,30 @@ class Connection(asyncio.Protocol):
         body = encode_body(ErrorBody(err.code, str(err), err.retriable))
         self._write(FrameKind.ERROR, frame.opcode, frame.corr_id, body)
 
-    def _fatal(self, err: TxbError, *, linger: bool = True) -> None:
-        """Answer once on the STREAM opcode, then close: the stream cannot be trusted. With
-        ``linger``, half-close first and discard what still arrives (LINGER_S); without, close
-        at once (a connection that sent nothing, whose descriptor is wanted back now)."""
+    def _refuse_http(self, err: WrongPort) -> None:
+        """An HTTP request at this port (curl, a browser, a health check pointed here): answered
+        in HTTP, which they show, naming the HTTP port; logged, since a misdirected health
+        check or proxy keeps coming back until someone fixes its port."""
+        peer = self._transport.get_extra_info("peername") if self._transport else None
+        log.warning(
+            "an HTTP request (%s) from %s at the TCP port: answered 400, naming the HTTP port %s",
+            first_line(err.seen),
+            peer,
+            self._http_port or "(none)",
+        )
+        self._fatal(err, answer=http_refusal(self._http_port))
+
+    def _fatal(self, err: TxbError, *, linger: bool = True, answer: bytes | None = None) -> None:
+        """Answer once on the STREAM opcode (or with ``answer``'s bytes), then close: the stream
+        cannot be trusted. With ``linger``, half-close first and discard what still arrives
+        (LINGER_S); without, close at once (a connection that sent nothing, whose descriptor is
+        wanted back now)."""
         if self._admission is not None:
             self._admission.lost(self)  # its slot is free; no limit looks at it again
-        body = encode_body(ErrorBody(err.code, str(err), err.retriable))
-        self._write(FrameKind.ERROR, Opcode.STREAM, 0, body)
+        if answer is None:
+            body = encode_body(ErrorBody(err.code, str(err), err.retriable))
+            answer = encode_frame(FrameKind.ERROR, Opcode.STREAM, 0, body)
+        self._send(answer)
         self._flush()  # before the close: the answers so far, then this error, then EOF
         self.closing = True
         t = self._transport
