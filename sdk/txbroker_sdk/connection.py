@@ -22,7 +22,14 @@ from typing import Any, Final, Self
 from txbroker.errors import ConnectionLimit, InvalidArgument, TxbError, error_class
 from txbroker.protocol.codec import Frame, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
-from txbroker.protocol.messages import Empty, Hello, decode_error, decode_response, encode_body
+from txbroker.protocol.messages import (
+    Empty,
+    Hello,
+    HelloOk,
+    decode_error,
+    decode_response,
+    encode_body,
+)
 from txbroker.runtime.tls import client_context
 from txbroker.runtime.turnwriter import TurnWriter
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout, TlsFailed
@@ -85,7 +92,7 @@ class Connection:
         ):
             if not value >= 0:
                 raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
-        self._url = url
+        self.url = url
         self._host, self._port = parse_server_url(url)
         self._ssl: ssl.SSLContext | None = None
         if uses_tls(url):
@@ -118,6 +125,7 @@ class Connection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connect_lock = asyncio.Lock()
         self.reconnects = 0
+        self.server_version: str | None = None  # the broker's, from its answer to HELLO
 
     @classmethod
     async def connect(
@@ -186,7 +194,7 @@ class Connection:
         self._out = TurnWriter(loop, transport.write)
         self._closed = None
         try:
-            await self._send_request(
+            hello: HelloOk = await self._send_request(
                 Opcode.HELLO, Hello("python-sdk", self._token), self._timeout_s
             )
         except ConnectionClosed as e:
@@ -209,6 +217,7 @@ class Connection:
             await self._drop()
             raise
         self._connected_once = True
+        self.server_version = hello.server_version
         if self._keepalive_s:
             self._keepalive = loop.call_later(self._keepalive_s, self._keep_alive, wire)
 
@@ -226,8 +235,12 @@ class Connection:
     async def _ensure_connected(self) -> None:
         if self._closed is None:
             return
-        if self._user_closed or not isinstance(self._closed, ConnectionClosed):
-            raise self._closed  # closed by us, or refused (auth, protocol): do not retry
+        if self._user_closed:
+            raise self._closed
+        # A refusal (a wrong token, a stream the broker could not read) ended the connection:
+        # this request tries a new one, once (the dial below retries only ConnectionClosed).
+        # A token fixed at the broker, or a broker restarted without one, is then taken up by
+        # the next request, and a loop retrying its requests decides how often to ask.
         async with self._connect_lock:
             if self.connected:
                 return  # another request reconnected meanwhile
