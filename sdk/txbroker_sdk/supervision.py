@@ -104,8 +104,9 @@ def diagnose(e: BaseException) -> Diagnosis:
         return Diagnosis(
             cause,
             True,
-            "the broker refused this service's auth token: set TXB_AUTH_TOKEN (or "
-            "auth_token=) to a token the broker holds, then restart the service",
+            "the broker refused this service's auth token: restart the service with "
+            "TXB_AUTH_TOKEN (or auth_token=) set to a token the broker holds, or give the "
+            "broker this one",
         )
     if isinstance(e, Forbidden):
         return Diagnosis(
