@@ -1,12 +1,13 @@
 """FastAPI and Starlette integration: one object wires a web service to txbroker.
 
-    txb = TxbService(broker="txb://127.0.0.1:9876", database="postgresql://app@db/orders", ...)
+    txb = TxbService(database="postgresql://app@db/orders", ...)  # the broker: TXB_SERVER
     app = FastAPI(lifespan=txb.lifespan)  # or Starlette(routes=..., lifespan=txb.lifespan)
 
 The decorators may run at import time, before anything is connected: they are bound when the
 app starts. :class:`TxbService` says what its lifespan starts and stops, in which order, and
-which dependencies route handlers get. Only Starlette is needed here (FastAPI is a Starlette
-app): the ``web`` extra adds FastAPI.
+which dependencies route handlers get; its background loops run supervised
+(:mod:`txbroker_sdk.supervision`), and ``/txb/ready`` and ``/txb/live`` say how they are doing.
+Only Starlette is needed here (FastAPI is a Starlette app): the ``web`` extra adds FastAPI.
 """
 
 from __future__ import annotations
