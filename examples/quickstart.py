@@ -25,7 +25,8 @@ from txbroker_sdk import (
 )
 from txbroker_sdk.web import serving  # uvicorn on a free port, inside this program's loop
 
-BROKER = os.environ.get("TXB_URL", "txb://127.0.0.1:9876")
+BROKER = os.environ.get("TXB_SERVER", "txb://127.0.0.1:9876")  # the CLI's names
+TOKEN = os.environ.get("TXB_AUTH_TOKEN")  # for a broker started with one
 DB = os.environ.get("DB_URL", "sqlite:///quickstart.db")  # or postgresql://user@host/db
 
 meta = sa.MetaData()
@@ -43,7 +44,7 @@ async def main() -> None:
 
     app = Starlette()  # your service's app: the check-back endpoint is one line
     check_path = mount(app, engine, {"shop": "s3cret"})
-    async with serving(app) as base_url, await Client.connect(BROKER) as client:
+    async with serving(app) as base_url, await Client.connect(BROKER, auth_token=TOKEN) as client:
         await client.create_topic("orders", exist_ok=True)
         await client.create_topic("emails", exist_ok=True)
         publisher = TxPublisher(

@@ -1,7 +1,8 @@
 """The billing service: one invoice per order, applied exactly once (the inbox).
 
 Run it beside the broker and the orders service with
-`uvicorn examples.shop.billing:app --port 8001`. Settings: the environment variables below.
+`uvicorn examples.shop.billing:app --port 8001`. Settings: the CLI's TXB_SERVER,
+TXB_AUTH_TOKEN, ... (docs/sdk.md) and BILLING_DB below.
 """
 
 import json
@@ -24,7 +25,6 @@ invoices = sa.Table(
 )
 
 txb = TxbService(
-    broker=os.environ.get("TXB_URL", "txb://127.0.0.1:9876"),
     database=os.environ.get("BILLING_DB", "sqlite:///billing.db"),  # or postgresql://...
     migrate=True,  # txbroker's tables (production: `txbroker db upgrade`)
     create_tables=invoices.metadata,

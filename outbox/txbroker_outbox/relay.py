@@ -21,7 +21,6 @@ from typing import Any, Final
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from sqlalchemy import Row, Select, func, select, text, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from txbroker.errors import InvalidArgument, TxbError
@@ -31,7 +30,8 @@ from txbroker_outbox.writer import CHANNEL, TRACEPARENT
 from txbroker_sdk import faults
 from txbroker_sdk.client import Client
 from txbroker_sdk.errors import TablesMissing
-from txbroker_sdk.preflight import TablesChecked
+from txbroker_sdk.preflight import TablesChecked, shown_url
+from txbroker_sdk.supervision import TRANSIENT_MAX_S, LoopHealth
 from txbroker_sdk.tables import OUTBOX
 
 __all__ = ["Relay"]
@@ -39,8 +39,6 @@ __all__ = ["Relay"]
 log = logging.getLogger(__name__)
 
 MAX_BATCH: Final = 1000  # ids go into IN (...) lists: keep them well under bind-parameter limits
-BACKOFF_MIN_S: Final = 0.1
-BACKOFF_MAX_S: Final = 5.0
 # A row held back behind another relay's batch is looked at again this soon: that relay
 # commits within one batch's round trips, and it does not notify anyone when it does.
 HELD_RETRY_S: Final = 0.05
@@ -56,6 +54,7 @@ class _Round:
     published: int = 0
     held: int = 0  # waiting behind an earlier row of their key in another relay's hands
     failed: int = 0
+    error: TxbError | None = None  # the first failed send's
 
 
 class Relay:
@@ -127,6 +126,9 @@ class Relay:
         self.failed = 0  # sends that failed (the row stays for a later round)
         self.errors = 0  # rounds that failed as a whole (database or broker unreachable)
         self.rounds = 0
+        # Failures logged once per cause with what to do; read by TxbService's readiness.
+        self.health = LoopHealth(f"outbox relay {namespace}")
+        self._announced = False
 
     def idempotency_key(self, row_id: int) -> str:
         return f"outbox:{self.namespace}:{row_id}"
@@ -138,29 +140,39 @@ class Relay:
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until ``stop`` is set; a round in progress gets ``shutdown_timeout_s`` to
         finish first."""
+        if not self._announced:
+            self._announced = True
+            log.info(
+                "outbox relay started namespace=%s db=%s server=%s batch=%d ordered=%s",
+                self.namespace,
+                shown_url(self._engine.url),
+                self._client.url,
+                self.batch_size,
+                "yes" if self.ordered else "no",
+            )
         stopper = asyncio.create_task(stop.wait())
         stopper.add_done_callback(lambda _: self._wake.set())
         listener = asyncio.create_task(self._listen()) if self._pg else None
-        backoff = 0.0
         try:
             while not stop.is_set():
                 self._wake.clear()
                 try:
-                    r: _Round | None = await self._round_unless_stopped(stopper)
+                    r = await self._round_unless_stopped(stopper)
                     if r is None:
                         break  # stopped, the round cut short
                 except TablesMissing:
                     raise  # no outage to outlive: nothing works until the tables exist
                 except Exception as e:  # the relay must outlive a database or broker outage
                     self.errors += 1
-                    known = isinstance(e, TxbError | SQLAlchemyError | OSError)
-                    log.warning("outbox round failed: %r", e, exc_info=not known)
-                    r = None
-                if r is None or r.failed:
-                    backoff = min(max(backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
-                    await _sleep(stop, backoff)  # a wake-up must not cut a backoff short
+                    # A wake-up must not cut a backoff short: only the stop does.
+                    await _sleep(stop, self.health.failed(e))
                     continue
-                backoff = 0.0
+                if r.error is not None:
+                    # A refused row holds back its own key only: the other rows are not made to
+                    # wait out the slow retry of a cause that needs a person (a missing topic).
+                    await _sleep(stop, min(self.health.failed(r.error), TRANSIENT_MAX_S))
+                    continue
+                self.health.ok()
                 if r.published == self.batch_size:
                     continue  # probably more waiting
                 await _sleep(self._wake, HELD_RETRY_S if r.held else self.poll_interval_s)
@@ -315,9 +327,8 @@ class Relay:
                     span.end()
                 r.failed += 1
                 self.failed += 1
-                log.warning(
-                    "outbox row %s to %r not sent (%r); retrying later", row.id, row.topic, e
-                )
+                r.error = r.error or e  # the round's health report (logged once per cause)
+                log.debug("outbox row %s to %r not sent (%r); retrying later", row.id, row.topic, e)
                 return  # the rest of this key waits for this row
             if span is not None:
                 span.set_attribute(tr.MESSAGE_ID, receipt.message_id)

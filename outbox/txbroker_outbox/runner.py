@@ -60,7 +60,7 @@ async def relay_main(
             poll_interval_s=poll_interval_s,
             shutdown_timeout_s=shutdown_timeout_s,
         )
-        # Check both ends before saying "started": a wrong URL, a database without the
+        # Check both ends before running (and saying "started"): a wrong URL, a database without the
         # tables or a wrong token fails the start, visibly, instead of every round.
         try:
             await require_tables(engine, OUTBOX)  # TablesMissing: says to run `db upgrade`
@@ -69,12 +69,7 @@ async def relay_main(
             raise TxbError(f"cannot reach the database {shown} ({reason!r}); is it up?") from e
         await client.ping()  # a broker still starting gets the client's connect deadline
         stop = stop_on_signals()
-        print(
-            f"outbox relay started namespace={namespace} db={shown} server={server} "
-            f"batch={batch_size} ordered={'yes' if ordered else 'no'}",
-            file=sys.stderr,
-            flush=True,
-        )
+        # run() logs "outbox relay started ..." (the command's logging shows INFO).
         progress = asyncio.create_task(_progress(relay))
         try:
             await relay.run(stop)

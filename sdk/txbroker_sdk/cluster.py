@@ -212,11 +212,11 @@ class ClusterClient(Client):
             try:
                 res: RouteResponse = await self._nameservers[k].request(Opcode.ROUTE, req)
             except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
-                errors.append(f"{self._nameservers[k]._url}: {e}")
+                errors.append(f"{self._nameservers[k].url}: {e}")
                 continue
             except BadRequest as e:  # a broker answers "opcode 70 is not served"
                 raise InvalidArgument(
-                    f"{self._nameservers[k]._url} is not a NameServer ({e}); a broker's address "
+                    f"{self._nameservers[k].url} is not a NameServer ({e}); a broker's address "
                     "is txb://host:port"
                 ) from e
             self._current = k

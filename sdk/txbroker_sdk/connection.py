@@ -101,7 +101,7 @@ class Connection:
         ):
             if not value >= 0:
                 raise InvalidArgument(f"{name} must be >= 0 seconds, got {value!r}")
-        self._url = url
+        self.url = url
         self._host, self._port = parse_server_url(url)
         self._ssl: ssl.SSLContext | None = None
         if uses_tls(url):
@@ -135,6 +135,7 @@ class Connection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connect_lock = asyncio.Lock()
         self.reconnects = 0
+        self.server_version: str | None = None  # the broker's, from its answer to HELLO
 
     @classmethod
     async def connect(
@@ -233,6 +234,7 @@ class Connection:
             await self._drop()
             raise
         self._connected_once = True
+        self.server_version = hello.server_version
         if self._keepalive_s:
             self._keepalive = loop.call_later(self._keepalive_s, self._keep_alive, wire)
         if self._token is not None and hello.auth_required is False and not self._token_told:
@@ -275,8 +277,12 @@ class Connection:
     async def _ensure_connected(self) -> None:
         if self._closed is None:
             return
-        if self._user_closed or not isinstance(self._closed, ConnectionClosed):
-            raise self._closed  # closed by us, or refused (auth, protocol): do not retry
+        if self._user_closed:
+            raise self._closed
+        # A refusal (a wrong token, a stream the broker could not read) ended the connection:
+        # this request tries a new one, once (the dial below retries only ConnectionClosed).
+        # A token fixed at the broker, or a broker restarted without one, is then taken up by
+        # the next request, and a loop retrying its requests decides how often to ask.
         async with self._connect_lock:
             if self.connected:
                 return  # another request reconnected meanwhile

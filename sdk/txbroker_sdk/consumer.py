@@ -156,6 +156,15 @@ class Consumer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def assignment(self) -> str:
+        """The queues this member holds, for a log line: ``0,1,2,3``, or over broker groups
+        ``g1: 0,1; g2: 0,1`` (each group's own queue ids); ``none`` while it holds none."""
+        if self._parts is not None:
+            held = [f"{g}: {_ids(p.queues)}" for g, p in self._parts.items() if p.queues]
+            return "; ".join(held) or "none"
+        return _ids(self.queues) or "none"
+
     async def start(self) -> None:
         from txbroker_sdk.cluster import ClusterClient
 
@@ -417,3 +426,7 @@ class Consumer:
                 await self._client.request(Opcode.ACK, req)
             except StaleGeneration:
                 await self._heartbeat()
+
+
+def _ids(queues: list[int]) -> str:
+    return ",".join(str(q) for q in sorted(queues))

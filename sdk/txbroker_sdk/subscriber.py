@@ -39,7 +39,8 @@ from txbroker_sdk.client import Client
 from txbroker_sdk.consumer import ConsumedMessage, Consumer
 from txbroker_sdk.errors import TlsFailed
 from txbroker_sdk.lanes import Lanes
-from txbroker_sdk.preflight import require_tables
+from txbroker_sdk.preflight import TablesChecked
+from txbroker_sdk.supervision import LoopHealth, unless_stopped
 from txbroker_sdk.tables import INBOX, insert_if_absent
 
 __all__ = [
@@ -64,12 +65,11 @@ _ADMIT_PER_SLOT: Final = 4
 # one big pull could fill the whole buffer from a single queue and leave the other lanes idle;
 # small pulls make a full buffer span `concurrency` pulls, each starting at another queue.
 _PULL: Final = _ADMIT_PER_SLOT
-# Retrying a fetch while the broker is unreachable: doubling from 0.1 s up to this.
-_MAX_BACKOFF_S: Final = 5.0
 # Fetch errors that waiting cannot cure (credentials, access, TLS, a request this SDK built
 # wrong): run() ends with them. Any other error of a fetch (the broker restarting, and its own
 # failures: a store error, an entry it cannot read) is retried from the same position, which
-# moves only with a successful answer, so no message is skipped.
+# moves only with a successful answer, so no message is skipped, after the backoff of the
+# subscription's LoopHealth (doubling from 0.1 s to 5 s).
 _FATAL_FETCH: Final = (
     Unauthenticated,
     Forbidden,
@@ -160,6 +160,7 @@ class _Subscription:
     handler: Handler
     concurrency: int
     order: Order
+    health: LoopHealth
 
     def lane(self, m: ConsumedMessage) -> Hashable:
         # Retried copies all sit in queue 0 of the group's retry topic, apart from the original
@@ -219,6 +220,9 @@ class Subscribers:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._subs: list[_Subscription] = []
         self._lanes: list[Lanes[ConsumedMessage]] = []
+        self._tables = TablesChecked(sessionmaker, INBOX)
+        self._gate: asyncio.Lock | None = None
+        self._dialect: str | None = None
         self.applied = 0
         self.skipped = 0
         self.failed = 0
@@ -246,7 +250,8 @@ class Subscribers:
 
         def register(fn: Handler) -> Handler:
             check_handler(fn)
-            self._subs.append(_Subscription(topic, group, fn, concurrency, order))
+            health = LoopHealth(f"subscriber {topic} (group {group})")
+            self._subs.append(_Subscription(topic, group, fn, concurrency, order, health))
             return fn
 
         return register
@@ -256,14 +261,16 @@ class Subscribers:
         """Messages fetched and not yet done (waiting in a lane or being handled)."""
         return sum(lanes.admitted for lanes in self._lanes)
 
+    def loops(self) -> list[tuple[LoopHealth, Callable[[asyncio.Event], Awaitable[None]]]]:
+        """Each subscription as a loop of its own, for a supervisor (``TxbService``'s) to run
+        and restart apart from the others: its health, and what :meth:`run` runs for it."""
+        return [(s.health, functools.partial(self._run_subscription, s)) for s in self._subs]
+
     async def run(self, stop: asyncio.Event) -> None:
         """Consume every subscription until ``stop`` is set; running handlers finish first.
         A database without the inbox table fails here (:class:`TablesMissing`), not per
         message."""
-        await require_tables(self._sessions, INBOX)
-        async with self._sessions() as session:
-            single_writer = session.get_bind().dialect.name == "sqlite"
-        gate = asyncio.Lock() if single_writer else None
+        gate = await self._prepare()
         tasks = [asyncio.create_task(self._run_one(s, stop, gate)) for s in self._subs]
         try:
             await asyncio.gather(*tasks)
@@ -272,6 +279,20 @@ class Subscribers:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _prepare(self) -> asyncio.Lock | None:
+        """The inbox table looked for (once it is found); on SQLite the lock all subscriptions
+        take turns on."""
+        await self._tables()
+        if self._dialect is None:
+            async with self._sessions() as session:
+                self._dialect = session.get_bind().dialect.name
+        if self._dialect == "sqlite" and self._gate is None:
+            self._gate = asyncio.Lock()
+        return self._gate
+
+    async def _run_subscription(self, sub: _Subscription, stop: asyncio.Event) -> None:
+        await self._run_one(sub, stop, await self._prepare())
 
     async def _run_one(
         self, sub: _Subscription, stop: asyncio.Event, gate: asyncio.Lock | None
@@ -285,27 +306,29 @@ class Subscribers:
         )
         consumer = Consumer(self._client, sub.group, sub.topic, hold_ms=1000, max_messages=_PULL)
         await consumer.start()
+        sub.health.ok()
+        log.info(
+            "subscribed: group %s, topic %s, queues %s", sub.group, sub.topic, consumer.assignment
+        )
         timeout_s = 0.0  # anything but a stop: cancel the handlers at once
         self._lanes.append(lanes)
         try:
-            backoff_s = 0.0
             while await _room_or_stop(lanes, stop):
                 try:
-                    batch = await _unless_stopped(consumer.fetch(), stop)
+                    batch = await unless_stopped(consumer.fetch(), stop)
                 except TxbError as e:
                     if isinstance(e, _FATAL_FETCH):
                         raise
                     # The broker restarted or the connection dropped (the client reconnects on
                     # the next request), or the broker failed this pull: the same position is
-                    # asked again, the handlers keep their messages, nothing is skipped.
-                    backoff_s = min(max(backoff_s * 2, 0.1), _MAX_BACKOFF_S)
+                    # asked again, the handlers keep their messages, nothing is skipped. The
+                    # health logs the first failure of its kind, with what to do.
                     self.fetch_errors += 1
-                    level = logging.WARNING if e.retriable else logging.ERROR
-                    log.log(level, "fetch from %s failed (%r); retrying", sub.topic, e)
+                    backoff_s = sub.health.failed(e)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), backoff_s)
                     continue
-                backoff_s = 0.0
+                sub.health.ok()
                 if batch is None or stop.is_set():
                     break  # not started, not acknowledged: redelivered to the group
                 for msg in batch:
@@ -349,27 +372,6 @@ class Subscribers:
         else:
             self.skipped += 1
         msg.ack()
-
-
-async def _unless_stopped(
-    fetch: Awaitable[list[ConsumedMessage]], stop: asyncio.Event
-) -> list[ConsumedMessage] | None:
-    """The fetch's batch, or None once ``stop`` is set first: a fetch can wait long (a long
-    poll, or reconnecting to a broker that is gone) and must not hold up a shutdown."""
-    fetching = asyncio.ensure_future(fetch)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({fetching, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        fetching.cancel()
-        raise
-    finally:
-        stopped.cancel()
-    if fetching.done():
-        return fetching.result()
-    fetching.cancel()
-    await asyncio.gather(fetching, return_exceptions=True)
-    return None
 
 
 async def _room_or_stop(lanes: Lanes[ConsumedMessage], stop: asyncio.Event) -> bool:

@@ -181,6 +181,24 @@ def test_every_process_exports_to_the_collector() -> None:
         assert env["OTEL_SERVICE_NAME"], name
 
 
+def test_the_services_are_healthy_when_ready_and_read_the_clis_variables() -> None:
+    """The example services' healthchecks ask their own /txb/ready (503 while a loop is
+    blocked); their broker is TXB_SERVER, the name TxbService reads, like the CLI."""
+    services = load_yaml(DOCKER / "compose.yaml")["services"]
+    for name in ("orders", "billing"):
+        s = services[name]
+        port = flag(s["command"], "--port")
+        assert s["healthcheck"]["test"] == [
+            "CMD",
+            "curl",
+            "-fsS",
+            f"http://127.0.0.1:{port}/txb/ready",
+        ], name
+        assert s["environment"]["TXB_SERVER"] == "txb://broker:9876", name
+        assert "TXB_URL" not in s["environment"], name
+    assert services["relay"]["depends_on"]["orders"] == {"condition": "service_healthy"}
+
+
 def test_prometheus_config_and_rules() -> None:
     promtool = need("promtool")
     for args in (

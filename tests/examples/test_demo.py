@@ -99,7 +99,7 @@ def test_the_quickstart_runs(tmp_path: Path) -> None:
             cwd=tmp_path,
             env={
                 **os.environ,
-                "TXB_URL": broker.url,
+                "TXB_SERVER": broker.url,
                 "PYTHONPATH": str(ROOT),
             },
         )

@@ -1,8 +1,12 @@
-"""examples/shop end to end, as the README runs it: a real broker process, the orders and billing
-services as real uvicorn processes, each on its own PostgreSQL database, orders placed over HTTP.
+"""examples/shop end to end, as the README runs it: a real broker process with an auth token, the
+orders and billing services as real uvicorn processes, unchanged, their token and secret from
+the environment (TXB_AUTH_TOKEN, TXB_CHECK_SECRET), each on its own PostgreSQL database, orders
+placed over HTTP.
 
-Billing must apply every placed order exactly once, the outbox's ``audit`` message must reach
-the broker, and a crash of the orders service between PREPARE and END_TX must be settled by the
+Both services must report ready (``/txb/ready``) and say in their logs that they connected,
+subscribed and started the relay; an order whose id is too long for its column gets 422; billing
+must apply every placed order exactly once, the outbox's ``audit`` message must reach the
+broker, and a crash of the orders service between PREPARE and END_TX must be settled by the
 broker's back-check, answered by the restarted service's check-back endpoint: COMMIT when the
 database had committed, ROLLBACK when it had not.
 """
@@ -35,6 +39,7 @@ from txbroker_sdk.tables import LOCAL_TX
 from txbroker_sdk.testing import create_database, drop_database
 
 SECRET = "shop-secret"
+TOKEN = "shop-token"
 # Back-checks soon after a PREPARE left open, and often while the service is down (an endpoint
 # that cannot be reached is retried, never parked).
 BROKER_SETTINGS = """
@@ -157,13 +162,19 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
     settings = tmp_path / "broker.toml"
     settings.write_text(BROKER_SETTINGS)
     broker = BrokerProcess(
-        tmp_path / "broker", "--config", str(settings), "--tx-secret", f"orders-svc={SECRET}"
+        tmp_path / "broker",
+        "--config",
+        str(settings),
+        "--tx-secret",
+        f"orders-svc={SECRET}",
+        "--auth-token",
+        TOKEN,
     )
     broker.start()
     orders_port = billing_port = free_port()
     while billing_port == orders_port:
         billing_port = free_port()
-    common = {"TXB_URL": broker.url, "TXB_CHECK_SECRET": SECRET}
+    common = {"TXB_SERVER": broker.url, "TXB_AUTH_TOKEN": TOKEN, "TXB_CHECK_SECRET": SECRET}
     orders = Service(
         "orders",
         orders_port,
@@ -211,7 +222,7 @@ async def _audited(broker: BrokerProcess, expected: set[str]) -> set[str]:
     """The order ids in ``audit`` messages (the outbox's), consumed until all are seen."""
     seen: set[str] = set()
     async with (
-        Client(broker.url) as client,
+        Client(broker.url, auth_token=TOKEN) as client,
         Consumer(client, "shop-test", "audit", hold_ms=500) as consumer,
     ):
         async with asyncio.timeout(SETTLE_TIMEOUT_S):
@@ -222,8 +233,45 @@ async def _audited(broker: BrokerProcess, expected: set[str]) -> set[str]:
     return seen
 
 
+async def _ready(shop: Shop, service: Service) -> dict[str, Any]:
+    """``service``'s answer at /txb/ready once it is 200."""
+    answer: dict[str, Any] = {}
+
+    async def ready() -> bool:
+        async with httpx.AsyncClient(timeout=30) as http:
+            res = await http.get(f"{service.url}/txb/ready")
+        answer.update(res.json())
+        return res.status_code == 200
+
+    await _until(shop, f"{service.name} reports ready", ready)
+    return answer
+
+
 async def test_each_order_is_billed_once_and_audited(shop: Shop) -> None:
     shop.orders.start()
+    # Both ready, each of their loops working, against a broker that wants a token.
+    orders, billing = await _ready(shop, shop.orders), await _ready(shop, shop.billing)
+    assert [(loop["name"], loop["state"]) for loop in orders["loops"]] == [
+        ("publisher", "running"),
+        ("outbox relay orders", "running"),
+    ]
+    assert [(loop["name"], loop["state"]) for loop in billing["loops"]] == [
+        ("subscriber orders (group billing)", "running")
+    ]
+    # What a person reads: connected (where, which version), subscribed, the relay started.
+    for service in (shop.orders, shop.billing):
+        assert f"connected to the broker at {shop.broker.url} (txbroker " in service.log()
+        assert "with an auth token)" in service.log()
+    assert "subscribed: group billing, topic orders, queues 0,1,2,3" in shop.billing.log()
+    assert "outbox relay started namespace=orders" in shop.orders.log()
+
+    # An id longer than its column: refused before anything is written or sent.
+    long_id = "o-" + "x" * 78
+    res = await shop.place(long_id)
+    assert res.status_code == 422, res.text
+    [problem] = res.json()["detail"]
+    assert problem["loc"] == ["body", "id"] and "at most 64 characters" in problem["msg"]
+
     ids = {f"o-{i}" for i in range(10)}
     for order_id in sorted(ids):
         res = await shop.place(order_id)
@@ -242,7 +290,12 @@ async def test_each_order_is_billed_once_and_audited(shop: Shop) -> None:
     # The billing service's read route, through its session dependency.
     async with httpx.AsyncClient(timeout=30) as http:
         res = await http.get(f"{shop.billing.url}/invoices/o-3")
+        too_long = await http.get(f"{shop.billing.url}/invoices/{long_id}")
     assert [(r["order_id"], r["amount_cents"]) for r in res.json()] == [("o-3", 1999)]
+    assert (too_long.status_code, too_long.json()) == (200, [])  # none: not a server error
+    assert shop.orders_db is not None
+    async with shop.orders_db.connect() as conn:
+        assert long_id not in set((await conn.scalars(sa.select(ORDERS.c.id))).all())
 
 
 async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(

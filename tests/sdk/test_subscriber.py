@@ -5,6 +5,7 @@ concurrency in lanes keeps order per queue or per key; stop lets running handler
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from txbroker_sdk import Client, ConsumedMessage, Consumer
 from txbroker_sdk.database import async_url
 from txbroker_sdk.errors import ConnectionClosed
 from txbroker_sdk.subscriber import Subscribers, apply_once
+from txbroker_sdk.supervision import LoopState
 from txbroker_sdk.tables import INBOX
 
 PAYMENTS = sa.Table(
@@ -506,6 +508,7 @@ def test_bad_subscriber_arguments_are_refused() -> None:
 async def test_the_runner_survives_a_broker_restart(
     sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "txbroker_sdk")
     port = str(free_port())  # the restarted broker binds it again
     engine = create_async_engine(async_url(sqlite_url))
     broker = await _broker_with_payments(engine, tmp_path, "--port", port)
@@ -520,12 +523,15 @@ async def test_the_runner_survives_a_broker_restart(
             runner = _runner(subs, stop)
             await c.send("orders", b"before")
             await _until(lambda: subs.applied == 1, "first message")
+            [(health, _)] = subs.loops()
+            assert health.state is LoopState.RUNNING
             broker.kill()
             await _until(
-                lambda: runner.done() or "fetch from orders failed" in caplog.text,
+                lambda: runner.done() or health.state is LoopState.RETRYING,
                 "the runner never noticed the broker was gone",
             )
             assert not runner.done(), runner.exception()  # it outlived the failed fetch
+            assert "subscriber orders (group billing) failed: ConnectionClosed" in caplog.text
             broker = BrokerProcess(tmp_path / "b", "--port", port).start()
             for attempt in range(3):  # a send in flight over a dropped connection is unknown:
                 try:  # resend it with its idempotency key
@@ -535,6 +541,8 @@ async def test_the_runner_survives_a_broker_restart(
                     assert attempt < 2
             await _until(lambda: subs.applied == 2, (subs.applied, subs.failed), timeout_s=30)
             assert not runner.done()
+            assert health.state is LoopState.RUNNING  # it works again, and says so
+            assert "subscriber orders (group billing): working again" in caplog.text
             await _stop(stop, runner)
         assert await _count(engine) == 2
     finally:

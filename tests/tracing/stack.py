@@ -125,7 +125,7 @@ class Stack:
             self.broker.start()
         finally:
             os.environ.update(saved)
-        common = {"TXB_URL": self.broker.url, "TXB_CHECK_SECRET": SECRET}
+        common = {"TXB_SERVER": self.broker.url, "TXB_CHECK_SECRET": SECRET}
         orders_env, billing_env = self._envs
         billing = Service(
             "billing",
