@@ -149,7 +149,9 @@ def test_a_subscriber_stops_within_its_grace_after_its_broker_is_gone(
             proc.kill()
             proc.wait(timeout=10)
     assert proc.returncode == 0, log.read_text()
-    assert took < GRACE_S + 2.0, (took, log.read_text())
+    # Well under the 30 s the reconnect would take, with room for the interpreter's exit on a
+    # loaded 2-core machine (4.3 s was seen against a 2 s grace).
+    assert took < GRACE_S + 8.0, (took, log.read_text())
     if mode == "stuck":
         assert out.split() == ["CANCELLED"]  # after the grace, not before
         assert took >= GRACE_S - 0.1, took
