@@ -38,6 +38,8 @@ class Extracted:
     log_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: dict[str, dict[str, int]] = field(default_factory=dict)  # service -> table -> rows
     dialects: dict[str, str] = field(default_factory=dict)  # service -> postgresql | sqlite
+    # service -> rows whose time has whole seconds (SQLite tables not yet upgraded)
+    whole_second_rows: dict[str, int] = field(default_factory=dict)
 
 
 def _is_export(path: Path) -> bool:
@@ -111,6 +113,7 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
         name = db.spec.name
         out.rows[name] = {t: counts.get(t, {}).get(name, 0) for t in parts}
         out.dialects[name] = db.dialect
+        out.whole_second_rows[name] = db.whole_second_rows()
         state.advance_service(spark, name)
         say(
             f"read service {name}: "
