@@ -223,6 +223,8 @@ def render(summary: dict[str, Any]) -> str:
             summary["latency"], key=lambda r: (r["topic"], LEGS.index(r["leg"]), r["group"] or "")
         )
     ]
+    hidden = any(r[p] is None for r in summary["latency"] for p in MIN_SAMPLES)
+    too_few = _TOO_FEW if hidden else ""
     counts = {r: sum(x["count"] for x in summary["by_reason"] if x["reason"] == r) for r in REASONS}
     found = [r for r in REASONS if counts[r]]
     anomaly_chart = ""
@@ -282,7 +284,7 @@ run {summary["inputs"]["run"]}</p></header>
 {_table(_TOPIC_HEADERS, topic_rows, set(range(1, 13)))}
 <p class="muted">latency columns: local commit → consumer processed where a consumer's inbox
 was read, else local commit → broker store; samples: the messages measured.
-{_TOO_FEW}{_clock_note(summary)}</p></section>
+{too_few}{_clock_note(summary)}</p></section>
 <section><h2>Charts</h2><div class="charts">
 {_latency_charts(summary)}
 <div>{_throughput_chart(summary)}</div>
@@ -290,7 +292,7 @@ was read, else local commit → broker store; samples: the messages measured.
 </div></section>
 <section><h2>Latency</h2>
 {_table(_LATENCY_HEADERS, lat_rows, {3, 4, 5, 6, 7})}
-<p class="muted">{_TOO_FEW}</p>
+<p class="muted">{too_few}</p>
 </section>
 <section><h2>Anomaly examples (the oldest {escape(str(len(examples)))} shown)</h2>
 {_table(_EXAMPLE_HEADERS, examples)}

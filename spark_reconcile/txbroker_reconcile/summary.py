@@ -40,8 +40,10 @@ def print_summary(summary: dict[str, Any], report: Path, console: Console) -> No
     for col in ("topic", "messages", "lost", "phantom", "duplicate", "stuck"):
         table.add_column(col, justify="left" if col == "topic" else "right")
     table.add_column("commit→processed samples: p50 / p99 ms", justify="right")
+    dashes = False
     for t in summary["topics"]:
         e2e = t["latency"].get("commit → processed") or {}
+        dashes |= e2e.get("p50") is None or e2e.get("p99") is None
         table.add_row(
             t["topic"],
             f"{t['messages']:,}",
@@ -49,11 +51,11 @@ def print_summary(summary: dict[str, Any], report: Path, console: Console) -> No
             f"{e2e.get('count', 0):,}: {_ms(e2e.get('p50'))} / {_ms(e2e.get('p99'))}",
         )
     console.print(table)
-    console.print(
-        f"— : too few samples (p95 is given from {MIN_SAMPLES['p95']}, p99 from "
-        f"{MIN_SAMPLES['p99']}), or none",
-        style="dim",
-    )
+    if dashes:
+        console.print(
+            f"— : too few samples (p99 is given from {MIN_SAMPLES['p99']}), or none",
+            style="dim",
+        )
     if summary["by_reason"]:
         reasons = Table(title="Anomalies", title_justify="left")
         for col in ("kind", "reason", "topic", "count", "examples"):

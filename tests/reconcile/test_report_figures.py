@@ -221,6 +221,16 @@ def test_percentiles_with_too_few_samples_are_a_dash_beside_the_count() -> None:
         summary(SPANS["ten minutes"], [few]), Path("r.html"), Console(file=out, width=200)
     )
     assert re.search(r"3: 41 / —", out.getvalue()), out.getvalue()
+    assert "too few samples" in out.getvalue()
+    # Nothing hidden, nothing to explain.
+    assert "too few samples" not in render(summary(SPANS["ten minutes"], [enough]))
+    out = io.StringIO()
+    print_summary(
+        summary(SPANS["ten minutes"], [{**enough, "leg": "commit → processed"}]),
+        Path("r.html"),
+        Console(file=out, width=200),
+    )
+    assert "150: 7 / 23" in out.getvalue() and "too few" not in out.getvalue()
 
 
 def test_whole_second_rows_are_named_in_the_report() -> None:
