@@ -32,7 +32,7 @@ from txbroker_sdk.client import Client
 from txbroker_sdk.errors import TablesMissing
 from txbroker_sdk.preflight import TablesChecked, shown_url
 from txbroker_sdk.supervision import TRANSIENT_MAX_S, LoopHealth
-from txbroker_sdk.tables import OUTBOX
+from txbroker_sdk.tables import OUTBOX, db_now
 
 __all__ = ["Relay"]
 
@@ -231,7 +231,7 @@ class Relay:
             if sent:
                 ids = [row_id for row_id, _ in sent]
                 await conn.execute(
-                    update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(published_at=func.now())
+                    update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(published_at=db_now())
                 )
             await conn.commit()
         r.published = len(sent)

@@ -6,7 +6,7 @@
 Rows go in batches of ``batch_size``, each its own short transaction, so clean-up never holds
 locks for long; on PostgreSQL it skips rows another transaction has locked (they go next round).
 ``keep`` is a safety horizon, not a tidiness setting: :func:`clean_up` says why for each table.
-On SQLite the times are UTC text (``CURRENT_TIMESTAMP``), compared with a UTC cut-off.
+On SQLite the times are UTC text (:func:`~txbroker_sdk.tables.db_now`), compared with a UTC cut-off.
 """
 
 from __future__ import annotations

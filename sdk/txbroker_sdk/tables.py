@@ -7,12 +7,15 @@ redelivery is recognised and skipped. ``txb_outbox`` holds messages written in t
 transaction until the relay publishes them.
 
 The schema is created by the Alembic migrations in ``migrations/`` (``txbroker db upgrade``).
+Times are the database's clock (:func:`db_now`), to the millisecond on SQLite as on PostgreSQL,
+so the reconciliation's latencies mean the same on both.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Final
+from datetime import datetime
+from typing import Any, Final
 
 from sqlalchemy import (
     JSON,
@@ -28,13 +31,48 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.functions import FunctionElement
 
 from txbroker.errors import InvalidArgument
 
-__all__ = ["INBOX", "LOCAL_TX", "OUTBOX", "insert_if_absent", "metadata"]
+__all__ = ["INBOX", "LOCAL_TX", "OUTBOX", "SQLITE_NOW", "db_now", "insert_if_absent", "metadata"]
 
 metadata: Final = MetaData()
+
+# SQLite's CURRENT_TIMESTAMP has whole seconds, which turns every latency measured from these
+# columns into a multiple of 1,000 ms. strftime's %f is seconds with three decimals, and the
+# text is the form SQLAlchemy reads back as a datetime (and orders like the older rows' text).
+SQLITE_NOW: Final = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+
+class _DbNow(FunctionElement[datetime]):
+    type = DateTime(timezone=True)
+    name = "db_now"
+    inherit_cache = True
+
+
+@compiles(_DbNow)
+def _now(_element: _DbNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.now(), **kw)  # PostgreSQL's now() keeps microseconds
+
+
+@compiles(_DbNow, "sqlite")
+def _now_sqlite(_element: _DbNow, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return SQLITE_NOW
+
+
+def db_now() -> _DbNow:
+    """The database's current time, to the millisecond or better: ``now()`` on PostgreSQL,
+    :data:`SQLITE_NOW` on SQLite. The time columns' default, and what the relay stamps
+    ``published_at`` with::
+
+        update(OUTBOX).values(published_at=db_now())
+    """
+    return _DbNow()
+
 
 # Ids are UUIDv7 hex (32 characters) by default; 64 leaves room for a service's own scheme.
 _ID: Final = 64
@@ -46,7 +84,7 @@ LOCAL_TX: Final = Table(
     Column("state", String(16), nullable=False),  # committed | rolled_back
     Column("topic", String(127), nullable=True),
     Column("key", String(1024), nullable=True),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=db_now()),
 )
 
 INBOX: Final = Table(
@@ -54,7 +92,7 @@ INBOX: Final = Table(
     metadata,
     Column("consumer_group", String(127), primary_key=True),
     Column("message_id", String(_ID), primary_key=True),
-    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=db_now()),
 )
 
 OUTBOX: Final = Table(
@@ -68,7 +106,7 @@ OUTBOX: Final = Table(
     Column("tags", String(1024), nullable=True),
     Column("headers", JSON, nullable=True),
     Column("body", LargeBinary, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=db_now()),
     Column("published_at", DateTime(timezone=True), nullable=True),
     Column("attempts", Integer, nullable=False, server_default="0"),
 )

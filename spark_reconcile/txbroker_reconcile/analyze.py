@@ -227,6 +227,7 @@ def analyze(
             },
             "services": extracted.rows,
             "dialects": extracted.dialects,
+            "whole_second_rows": extracted.whole_second_rows,
             "run": state.run,
         },
         "topics": topic_rows,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from txbroker_reconcile.segments import LOG_SCHEMA, SegmentScan, find_segments
+from txbroker_reconcile.segments import LOG_SCHEMA, SegmentScan, find_segments, segment_gone
 
 __all__ = ["ExportResult", "export_log"]
 
@@ -42,11 +42,11 @@ def export_log(
     for n, seg in enumerate(segments, start=1):
         name = os.path.basename(seg.path)
         target = out / f"{name}.parquet"
-        if (
-            not seg.newest
-            and target.exists()
-            and target.stat().st_mtime >= os.stat(seg.path).st_mtime
-        ):
+        try:
+            changed_s = os.stat(seg.path).st_mtime
+        except FileNotFoundError:
+            raise segment_gone(seg.path) from None
+        if not seg.newest and target.exists() and target.stat().st_mtime >= changed_s:
             skipped += 1
         else:
             tmp = out / f".{name}.parquet.tmp"

@@ -21,11 +21,11 @@ from pyspark.sql import functions as F
 from txbroker_reconcile.errors import CannotRun
 from txbroker_reconcile.logsource import FORMAT, SPARK_SCHEMA
 from txbroker_reconcile.options import JobOptions, LogSpec
-from txbroker_reconcile.segments import find_segments
+from txbroker_reconcile.segments import find_segments, gone_in
 from txbroker_reconcile.sources import ServiceDb
 from txbroker_reconcile.state import State
 
-__all__ = ["Extracted", "check_log", "extract", "read_effects"]
+__all__ = ["Extracted", "check_log", "extract", "keep_log", "read_effects"]
 
 Say = Callable[[str], None]
 
@@ -38,6 +38,8 @@ class Extracted:
     log_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: dict[str, dict[str, int]] = field(default_factory=dict)  # service -> table -> rows
     dialects: dict[str, str] = field(default_factory=dict)  # service -> postgresql | sqlite
+    # service -> rows whose time has whole seconds (SQLite tables not yet upgraded)
+    whole_second_rows: dict[str, int] = field(default_factory=dict)
 
 
 def _is_export(path: Path) -> bool:
@@ -58,9 +60,28 @@ def _read_log(spark: SparkSession, spec: LogSpec, state: State) -> tuple[DataFra
             df = df.where(~seen)
         segments = len(list(path.glob("*.parquet")))
     else:
-        segments = len(find_segments(path))
-        df = spark.read.format(FORMAT).option("start", json.dumps(start)).load(str(path))
+        # Listed once: the files counted are the files read.
+        listing = [[seg.path, seg.newest] for seg in find_segments(path)]
+        segments = len(listing)
+        df = (
+            spark.read.format(FORMAT)
+            .option("start", json.dumps(start))
+            .option("segments", json.dumps(listing))
+            .load(str(path))
+        )
     return df.withColumn("broker_group", F.lit(spec.group)), segments
+
+
+def keep_log(state: State, log: DataFrame) -> int:
+    """Append what was read of the logs to the state (the read happens here); a segment that
+    retention deleted since it was listed is a :class:`CannotRun`, not a crash."""
+    try:
+        return state.append("log", log)
+    except Exception as e:  # an executor's failure reaches the driver wrapped by Spark
+        gone = gone_in(e)
+        if gone is None:
+            raise
+        raise gone from None
 
 
 def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Extracted:
@@ -74,8 +95,8 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
             logs.append(log)
             out.log_segments += segments
             out.log_groups[spec.group] = {"path": str(spec.path), "segments": segments}
-        out.log_records = state.append(
-            "log", reduce(DataFrame.unionByName, logs).withColumn("run", run)
+        out.log_records = keep_log(
+            state, reduce(DataFrame.unionByName, logs).withColumn("run", run)
         )
         state.advance_log(spark)
         if len(out.log_groups) == 1:  # one log: what was read is its count, no job to run
@@ -111,6 +132,7 @@ def extract(spark: SparkSession, opts: JobOptions, state: State, say: Say) -> Ex
         name = db.spec.name
         out.rows[name] = {t: counts.get(t, {}).get(name, 0) for t in parts}
         out.dialects[name] = db.dialect
+        out.whole_second_rows[name] = db.whole_second_rows()
         state.advance_service(spark, name)
         say(
             f"read service {name}: "

@@ -2,9 +2,10 @@
 
 Three legs, each a join on the id both sides carry (:func:`legs`): commit → store, store →
 processed (per group), and the two end to end. The services' times are their database's clock
-(PostgreSQL's ``now()`` is the transaction's start; SQLite's ``CURRENT_TIMESTAMP`` has whole
-seconds), the broker's its own: on one host they agree, across hosts they are as good as the
-hosts' clock sync.
+(PostgreSQL's ``now()`` is the transaction's start, to the microsecond; SQLite's to the
+millisecond, whole seconds in rows written before ``txbroker db upgrade`` revision txb_0002),
+the broker's its own: on one host they agree, across hosts they are as good as the hosts' clock
+sync.
 """
 
 from __future__ import annotations
@@ -12,12 +13,22 @@ from __future__ import annotations
 from functools import reduce
 from typing import Final
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from txbroker_reconcile.charts import nice_step_ms
 from txbroker_reconcile.inputs import Inputs
 
-__all__ = ["HISTOGRAM_EDGES_MS", "LEGS", "histograms", "latencies", "legs", "throughput"]
+__all__ = [
+    "HISTOGRAM_EDGES_MS",
+    "LEGS",
+    "MIN_SAMPLES",
+    "RATE_BUCKETS_MAX",
+    "histograms",
+    "latencies",
+    "legs",
+    "throughput",
+]
 
 LEGS: Final = ("commit → store", "store → processed", "commit → processed")
 # Histogram bucket edges (ms), roughly x2.5 apart: fine where latencies live, wide in the tail.
@@ -38,6 +49,13 @@ HISTOGRAM_EDGES_MS: Final = (
     60_000,
 )
 _ACCURACY: Final = 10_000  # percentile_approx's relative error is 1/accuracy
+# A percentile is given only from the count at which at least one sample lies above it,
+# n >= 1 / (1 - p): below that, the smallest value with a share p of the samples at or under
+# it is the largest sample, the max under another name (p99 of 3 samples is their max).
+# p95 from 20 samples, p99 from 100; fewer, and the figure is null ("—" in the report).
+MIN_SAMPLES: Final = {"p50": 1, "p95": 20, "p99": 100}
+# The rate chart's points: enough to show a burst, few enough to read each one.
+RATE_BUCKETS_MAX: Final = 60
 
 
 def legs(i: Inputs) -> DataFrame:
@@ -94,8 +112,13 @@ def legs(i: Inputs) -> DataFrame:
 
 
 def latencies(legs: DataFrame) -> DataFrame:
-    """(topic, leg, group, count, p50, p95, p99, max) in ms."""
+    """(topic, leg, group, count, p50, p95, p99, max) in ms; a percentile is null when
+    ``count`` is below its :data:`MIN_SAMPLES`."""
     pct = F.percentile_approx("ms", [0.5, 0.95, 0.99], _ACCURACY)
+
+    def shown(name: str, n: int) -> Column:
+        return F.when(F.col("count") >= MIN_SAMPLES[name], F.col("p")[n]).alias(name)
+
     return (
         legs.groupBy("topic", "leg", "group")
         .agg(F.count("*").alias("count"), pct.alias("p"), F.max("ms").alias("max"))
@@ -104,9 +127,7 @@ def latencies(legs: DataFrame) -> DataFrame:
             "leg",
             "group",
             "count",
-            F.col("p")[0].alias("p50"),
-            F.col("p")[1].alias("p95"),
-            F.col("p")[2].alias("p99"),
+            *(shown(p, n) for n, p in enumerate(MIN_SAMPLES)),
             "max",
         )
     )
@@ -121,11 +142,13 @@ def histograms(legs: DataFrame) -> DataFrame:
     return legs.groupBy("topic", "leg", bucket.alias("bucket")).count()
 
 
-def throughput(i: Inputs, buckets: int = 60) -> tuple[DataFrame, int]:
-    """(topic, t_ms, count): visible messages per topic per time slot, the slot chosen so the
-    whole span is about ``buckets`` slots; returns the slot width (ms) too."""
+def throughput(i: Inputs) -> tuple[DataFrame, int]:
+    """(topic, t_ms, count): visible messages per topic per time bucket, the bucket a round
+    width (:func:`~txbroker_reconcile.charts.nice_step_ms`) that cuts the whole span into at
+    most :data:`RATE_BUCKETS_MAX`, its edges on round clock times; returns the width (ms) too.
+    Buckets without a message have no row."""
     span = i.visible.agg(F.min("store_ms"), F.max("store_ms")).first()
     lo, hi = (span[0], span[1]) if span and span[0] is not None else (0, 0)
-    width = max(1_000, -(-(hi - lo + 1) // buckets))
-    slot = (F.floor((F.col("store_ms") - lo) / width) * width + lo).cast("long")
+    width = nice_step_ms(lo, hi, RATE_BUCKETS_MAX)
+    slot = (F.floor(F.col("store_ms") / width) * width).cast("long")
     return i.visible.groupBy("topic", slot.alias("t_ms")).count(), width

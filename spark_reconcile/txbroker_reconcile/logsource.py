@@ -38,7 +38,10 @@ class LogDataSource(DataSource):
     - ``path``: the broker's data directory or its ``commitlog/`` folder (required);
     - ``start``: JSON ``{"<segment file name>": <byte position>}``, where an incremental run
       resumes: a named file is read from its position (skipped when that is at or past its
-      size), an unnamed one from its start.
+      size), an unnamed one from its start;
+    - ``segments``: JSON ``[[<segment file path>, <newest>], ...]``, the files to read as the
+      caller listed them (:func:`find_segments`), so what it counted is what is read; by
+      default the files found in ``path`` when the read is planned.
     """
 
     @classmethod
@@ -53,12 +56,18 @@ class LogDataSource(DataSource):
         if not path:
             raise InvalidArgument(f'{FORMAT}: give the log directory: .load("<data dir>")')
         start = json.loads(self.options.get("start") or "{}")
-        return _LogReader(path, start)
+        listed = self.options.get("segments")
+        if listed:
+            segments = [
+                Segment(p, int(os.path.basename(p)), 0, new) for p, new in json.loads(listed)
+            ]
+        else:
+            segments = find_segments(path)
+        return _LogReader(segments, start)
 
 
 class _LogReader(DataSourceReader):
-    def __init__(self, path: str, start: dict[str, int]) -> None:
-        segments = find_segments(path)
+    def __init__(self, segments: list[Segment], start: dict[str, int]) -> None:
         self.segments = [
             Segment(s.path, s.base, int(start.get(os.path.basename(s.path), 0)), s.newest)
             for s in segments

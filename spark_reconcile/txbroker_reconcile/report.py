@@ -11,9 +11,9 @@ from html import escape
 from pathlib import Path
 from typing import Any, Final
 
-from txbroker_reconcile.charts import bar_chart, hbar_chart, line_chart
+from txbroker_reconcile.charts import bar_chart, duration_text, hbar_chart, time_chart
 from txbroker_reconcile.checks import KINDS, REASONS
-from txbroker_reconcile.latency import HISTOGRAM_EDGES_MS, LEGS
+from txbroker_reconcile.latency import HISTOGRAM_EDGES_MS, LEGS, MIN_SAMPLES
 
 __all__ = ["REPORT_FILE", "render", "write_report"]
 
@@ -45,8 +45,7 @@ padding:12px 16px}
 .card.bad b{color:#c0392b}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:16px}
 svg.chart{width:100%;height:auto;background:#fff}
-svg .tick{font-size:10px;fill:#566074}
-svg .axis{font-size:10px;fill:#566074}
+svg .tick,svg .axis{fill:#566074}
 svg .label{font-size:12px;fill:#1d2433}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f6;padding:1px 4px;
 border-radius:3px}
@@ -54,9 +53,14 @@ border-radius:3px}
 """
 
 
-_P: Final = ["p50 ms", "p95 ms", "p99 ms", "max ms"]
+_P: Final = ["samples", "p50 ms", "p95 ms", "p99 ms", "max ms"]
 _TOPIC_HEADERS: Final = ["topic", "messages", "transactional", "outbox", *KINDS, *_P]
-_LATENCY_HEADERS: Final = ["topic", "leg", "group", "count", *_P]
+_LATENCY_HEADERS: Final = ["topic", "leg", "group", *_P]
+_TOO_FEW: Final = (
+    "— : too few samples for that percentile: p95 is given from "
+    f"{MIN_SAMPLES['p95']} samples, p99 from {MIN_SAMPLES['p99']} (with fewer it is the "
+    "largest sample, the max column under another name)."
+)
 _EXAMPLE_HEADERS: Final = ["kind", "reason", "topic", "service", "group", "id", "at", "copies"]
 _INPUT_HEADERS: Final = ["service", "txb_local_tx rows", "txb_outbox rows", "txb_inbox rows"]
 _GROUP_HEADERS: Final = ["broker group", "log", "segment files", "records", "messages", "corrupt"]
@@ -72,6 +76,12 @@ def _num(v: Any) -> str:
     return "-" if v is None else f"{v:,.0f}" if isinstance(v, int | float) else escape(str(v))
 
 
+def _cell(c: Any, numeric: bool) -> str:
+    if isinstance(c, str) and c.startswith("<"):
+        return c  # markup made here
+    return _num(c) if numeric else escape(str(c))
+
+
 def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
     numeric = numeric or set()
     head = "".join(
@@ -80,8 +90,7 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="{"n" if i in numeric else ""}">'
-            f"{_num(c) if i in numeric else (c if str(c).startswith('<') else escape(str(c)))}</td>"
+            f'<td class="{"n" if i in numeric else ""}">{_cell(c, i in numeric)}</td>'
             for i, c in enumerate(r)
         )
         + "</tr>"
@@ -92,13 +101,29 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _percentiles(lat: dict[str, Any]) -> list[Any]:
+    """A latency row's sample count, p50, p95, p99 and max; a percentile with too few samples
+    (null in the summary) as "—", saying why on hover."""
+    n = lat.get("count")
+    cells: list[Any] = [n]
+    for p in ("p50", "p95", "p99"):
+        v = lat.get(p)
+        if v is None and n:
+            why = f"{n:,} samples: {p} is given from {MIN_SAMPLES[p]:,}"
+            v = f'<span class="muted" title="{escape(why)}">—</span>'
+        cells.append(v)
+    return [*cells, lat.get("max")]
+
+
 def _clock_note(summary: dict[str, Any]) -> str:
-    sqlite = [n for n, d in summary["inputs"].get("dialects", {}).items() if d == "sqlite"]
-    if not sqlite:
+    coarse = {n: c for n, c in summary["inputs"].get("whole_second_rows", {}).items() if c}
+    if not coarse:
         return ""
+    which = ", ".join(f"{escape(n)} {c:,}" for n, c in sorted(coarse.items()))
     return (
-        f" SQLite keeps whole seconds ({escape(', '.join(sorted(sqlite)))}): legs that start or "
-        "end there are good to about a second, and can read below zero."
+        f" Rows with times in whole seconds ({which}: SQLite rows written before "
+        "<code>txbroker db upgrade</code> gave the tables milliseconds): legs that start or end "
+        "there are good to about a second, and can read below zero."
     )
 
 
@@ -123,20 +148,42 @@ def _latency_charts(summary: dict[str, Any]) -> str:
     return "".join(f"<div>{c}</div>" for c in charts) or '<p class="muted">no latency measured</p>'
 
 
+# Rate units, finest first: a chart reads in the first in which its busiest bucket is one or more.
+_RATE_UNITS: Final = (("second", "s", 1_000), ("minute", "min", 60_000), ("hour", "h", 3_600_000))
+
+
 def _throughput_chart(summary: dict[str, Any]) -> str:
     tp = summary["throughput"]
     rows = tp["rows"]
     if not rows:
         return '<p class="muted">no messages</p>'
-    slots = sorted({r["t_ms"] for r in rows})
-    per_s = tp["slot_ms"] / 1000
+    width = tp["slot_ms"]
+    first = min(r["t_ms"] for r in rows)
+    buckets = (max(r["t_ms"] for r in rows) - first) // width + 1
+    busiest = max(r["count"] for r in rows) / width  # messages per ms
+    unit, short, unit_ms = next((u for u in _RATE_UNITS if busiest * u[2] >= 1), _RATE_UNITS[-1])
     series = {}
     for topic in sorted({r["topic"] for r in rows}):
-        by_slot = {r["t_ms"]: r["count"] for r in rows if r["topic"] == topic}
-        series[topic] = [by_slot.get(s, 0) / per_s for s in slots]
-    labels = [_time(s)[11:19] for s in slots]
-    chart = line_chart(slots, series, x_labels=labels, y_label="msg/s", title="throughput")
-    return f"<h3>Messages stored per second, by topic</h3>{chart}"
+        rate = [0.0] * buckets
+        for r in rows:
+            if r["topic"] == topic:
+                rate[(r["t_ms"] - first) // width] = r["count"] * unit_ms / width
+        series[topic] = rate
+    bucket = duration_text(width)
+    chart = time_chart(
+        first,
+        width,
+        series,
+        y_label=f"msg/{short}",
+        title="throughput",
+        note=f"{bucket} buckets, UTC",
+    )
+    return (
+        f"<h3>Messages stored per {unit}, by topic ({bucket} buckets)</h3>{chart}"
+        f'<p class="muted">Each point is the average over one {bucket} bucket. A bucket in '
+        "which a topic stored no message is drawn at zero: the log holds every record of the "
+        "span it covers, so an empty bucket is time without traffic, not missing data.</p>"
+    )
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -168,23 +215,16 @@ def render(summary: dict[str, Any]) -> str:
         topic_rows.append(
             [t["topic"], t["messages"], t["transactional"], t["outbox"]]
             + [t[k] for k in KINDS]
-            + [lat.get("p50"), lat.get("p95"), lat.get("p99"), lat.get("max")]
+            + _percentiles(lat)
         )
     lat_rows = [
-        [
-            r["topic"],
-            r["leg"],
-            r["group"] or "-",
-            r["count"],
-            r["p50"],
-            r["p95"],
-            r["p99"],
-            r["max"],
-        ]
+        [r["topic"], r["leg"], r["group"] or "-", *_percentiles(r)]
         for r in sorted(
             summary["latency"], key=lambda r: (r["topic"], LEGS.index(r["leg"]), r["group"] or "")
         )
     ]
+    hidden = any(r[p] is None for r in summary["latency"] for p in MIN_SAMPLES)
+    too_few = _TOO_FEW if hidden else ""
     counts = {r: sum(x["count"] for x in summary["by_reason"] if x["reason"] == r) for r in REASONS}
     found = [r for r in REASONS if counts[r]]
     anomaly_chart = ""
@@ -241,9 +281,10 @@ run {summary["inputs"]["run"]}</p></header>
 {verdict}
 <div class="cards">{cards}</div>
 <section><h2>Per topic</h2>
-{_table(_TOPIC_HEADERS, topic_rows, set(range(1, 12)))}
+{_table(_TOPIC_HEADERS, topic_rows, set(range(1, 13)))}
 <p class="muted">latency columns: local commit → consumer processed where a consumer's inbox
-was read, else local commit → broker store.{_clock_note(summary)}</p></section>
+was read, else local commit → broker store; samples: the messages measured.
+{too_few}{_clock_note(summary)}</p></section>
 <section><h2>Charts</h2><div class="charts">
 {_latency_charts(summary)}
 <div>{_throughput_chart(summary)}</div>
@@ -251,6 +292,7 @@ was read, else local commit → broker store.{_clock_note(summary)}</p></section
 </div></section>
 <section><h2>Latency</h2>
 {_table(_LATENCY_HEADERS, lat_rows, {3, 4, 5, 6, 7})}
+<p class="muted">{too_few}</p>
 </section>
 <section><h2>Anomaly examples (the oldest {escape(str(len(examples)))} shown)</h2>
 {_table(_EXAMPLE_HEADERS, examples)}

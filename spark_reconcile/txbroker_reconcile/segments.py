@@ -6,6 +6,11 @@ data source (:mod:`.logsource`) calls it per segment, ``txbroker log export`` to
 A damaged record becomes a row with ``corrupt`` set to the reason, and the reader goes on from
 the next record that checks (magic, sizes, CRC). Damage at the very end of the newest segment
 is the record the broker is writing now: the read stops before it, and a later run starts there.
+
+A running broker's log can be read: records are written once and never changed, each checked
+by its CRC; a segment is only ever appended to, or deleted whole by retention. A segment the
+listing named but retention deleted before it was opened cannot be read: the read stops with
+:func:`segment_gone` (once open, a deleted file stays readable to the end).
 """
 
 from __future__ import annotations
@@ -46,7 +51,16 @@ from txbroker.tx.state import (
 )
 from txbroker_reconcile.errors import CannotRun
 
-__all__ = ["LOG_SCHEMA", "Segment", "SegmentScan", "find_segments", "read_segment"]
+__all__ = [
+    "GONE",
+    "LOG_SCHEMA",
+    "Segment",
+    "SegmentScan",
+    "find_segments",
+    "gone_in",
+    "read_segment",
+    "segment_gone",
+]
 
 # Segment files are named by their 20-digit starting offset (see txbroker/store/commitlog.py).
 _SEGMENT_NAME: Final = re.compile(r"\d{20}")
@@ -84,6 +98,28 @@ LOG_SCHEMA: Final = pa.schema(
     ]
 )
 _NO_RECORD: Final = (None,) * (len(LOG_SCHEMA) - 3)  # a corrupt row: position and reason only
+_TAIL: Final = (
+    " at the end of the segment being written (a record being written as it was read, or "
+    "cut short by a crash: the broker's recovery drops it)"
+)
+# What a read says of a listed segment file that is gone: Spark hands an executor's error to
+# the driver as text, where :func:`gone_in` finds these words.
+GONE: Final = "was deleted after the job listed the log's segments"
+
+
+def segment_gone(path: str) -> CannotRun:
+    return CannotRun(
+        f"segment {path} {GONE} (the broker's retention deletes its oldest segments while it "
+        "runs): run the job again"
+    )
+
+
+def gone_in(error: BaseException) -> CannotRun | None:
+    """The :func:`segment_gone` error carried in a failed Spark job's ``error``, if any."""
+    line = next((ln for ln in str(error).splitlines() if GONE in ln), None)
+    if line is None:
+        return None
+    return CannotRun(line[line.index("segment ") :].strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +222,8 @@ class SegmentScan:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         try:
             f = open(self.seg.path, "rb")  # noqa: SIM115 - closed below, after the mapping
+        except FileNotFoundError:
+            raise segment_gone(self.seg.path) from None
         except OSError as e:
             raise CorruptLog(f"cannot read segment {self.seg.path}: {e.strerror}") from e
         with f:
@@ -214,6 +252,8 @@ class SegmentScan:
                 nxt = self._next_valid(mm, pos + 1, size)
                 if nxt is None and not (total or magic):
                     break  # zeros with nothing after them: the unwritten tail, the data's end
+                if nxt is None and self.seg.newest:
+                    reason += _TAIL
                 self._corrupt(rows, base + pos, reason)
                 if nxt is None:
                     # At the end of the newest segment this may be the record the broker is

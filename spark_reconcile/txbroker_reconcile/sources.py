@@ -1,7 +1,10 @@
 """The services' tables, read through Spark's JDBC source.
 
 Each read is one SQL query per table, so the database does the projection and filtering and
-times arrive as epoch milliseconds (the broker's unit) whatever the database's own type. On
+times arrive as epoch milliseconds (the broker's unit) whatever the database's own type. That
+is also what keeps SQLite's times whole: the SQLite JDBC driver reports a ``DATETIME`` column as
+a SQL ``DATE``, so Spark reading the column itself keeps the day and drops the time; SQLite's
+own ``julianday`` reads the UTC text it holds, and the milliseconds come out exact. On
 PostgreSQL a large table is read in ranges of its indexed time or id column, one partition per
 range (Spark's ``partitionColumn``), with a fetch size so no partition is fetched in one go.
 Before any of that, a one-row probe per table tells apart "the database is not reachable" and
@@ -36,6 +39,14 @@ _MS: Final = {
     "sqlite": "CAST(ROUND((julianday({c}) - 2440587.5) * 86400000) AS INTEGER)",
 }
 _TEXT: Final = {"postgresql": "CAST({c} AS text)", "sqlite": "CAST({c} AS TEXT)"}
+# SQLite rows written before the txb_0002 migration hold CURRENT_TIMESTAMP's whole seconds:
+# "2026-11-27 18:58:37", where the milliseconds' default and SQLAlchemy write a fraction.
+_WHOLE_SECOND_SQLITE: Final = "{c} NOT LIKE '%.%'"
+_TIME_COLUMNS: Final = {
+    "txb_local_tx": "created_at",
+    "txb_inbox": "processed_at",
+    "txb_outbox": "created_at",
+}
 
 
 # The rows as the job keeps them, whatever types the JDBC driver reports (SQLite's driver
@@ -130,12 +141,27 @@ class ServiceDb:
 
     # --- helpers ---------------------------------------------------------------------------
 
+    def whole_second_rows(self) -> int:
+        """How many barrier, inbox and outbox rows hold a time in whole seconds (SQLite rows written
+        before ``txbroker db upgrade`` gave the tables milliseconds); 0 on PostgreSQL."""
+        if self.dialect != "sqlite":
+            return 0
+        total = 0
+        for table, column in _TIME_COLUMNS.items():
+            where = _WHOLE_SECOND_SQLITE.format(c=column)
+            (n,) = self._probe(table, f"SELECT COUNT(*) FROM {table} WHERE {where}")
+            total += int(n)
+        return total
+
     def _since(self, column: str, ms: int | None) -> str:
         if ms is None:
             return ""
         if self.dialect == "postgresql":
             return f" WHERE {column} >= to_timestamp({int(ms) / 1000:.3f})"
-        return f" WHERE {column} >= datetime({int(ms) / 1000:.3f}, 'unixepoch')"
+        # Compared as text, in the form the column holds ("YYYY-MM-DD HH:MM:SS.SSS").
+        return (
+            f" WHERE {column} >= strftime('%Y-%m-%d %H:%M:%f', {int(ms) / 1000:.3f}, 'unixepoch')"
+        )
 
     def _read(
         self, table: str, columns: str, part: str, where: str, types: dict[str, str]

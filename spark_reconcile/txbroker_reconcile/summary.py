@@ -15,6 +15,8 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
+from txbroker_reconcile.latency import MIN_SAMPLES
+
 __all__ = ["SUMMARY_FILE", "SUMMARY_VERSION", "print_summary", "write_summary"]
 
 SUMMARY_VERSION: Final = 1
@@ -30,23 +32,30 @@ def write_summary(summary: dict[str, Any], out: Path) -> Path:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
+    return "—" if value is None else f"{value:,.0f}"  # null: too few samples, or none
 
 
 def print_summary(summary: dict[str, Any], report: Path, console: Console) -> None:
     table = Table(title="Reconciliation per topic", title_justify="left")
     for col in ("topic", "messages", "lost", "phantom", "duplicate", "stuck"):
         table.add_column(col, justify="left" if col == "topic" else "right")
-    table.add_column("commit→processed p50 / p99 ms", justify="right")
+    table.add_column("commit→processed samples: p50 / p99 ms", justify="right")
+    dashes = False
     for t in summary["topics"]:
         e2e = t["latency"].get("commit → processed") or {}
+        dashes |= e2e.get("p50") is None or e2e.get("p99") is None
         table.add_row(
             t["topic"],
             f"{t['messages']:,}",
             *(f"{t[k]:,}" for k in ("lost", "phantom", "duplicate", "stuck")),
-            f"{_ms(e2e.get('p50'))} / {_ms(e2e.get('p99'))}",
+            f"{e2e.get('count', 0):,}: {_ms(e2e.get('p50'))} / {_ms(e2e.get('p99'))}",
         )
     console.print(table)
+    if dashes:
+        console.print(
+            f"— : too few samples (p99 is given from {MIN_SAMPLES['p99']}), or none",
+            style="dim",
+        )
     if summary["by_reason"]:
         reasons = Table(title="Anomalies", title_justify="left")
         for col in ("kind", "reason", "topic", "count", "examples"):

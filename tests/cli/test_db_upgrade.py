@@ -16,7 +16,7 @@ from tests.databases import PG_URL
 from txbroker_sdk.schema import UpgradeResult, upgrade
 from txbroker_sdk.testing import scratch_database
 
-HEAD = "txb_0001"
+HEAD = "txb_0002"
 
 
 def _upgrade(url: str, *extra: str) -> str:

@@ -3,6 +3,7 @@ arithmetic, and the quickstart example, run against a real broker."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -48,6 +49,12 @@ def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     # The crashes really happened (the orders service dies only after its DB commit).
     assert _row(out, "billing killed by an injected crash") == 1
     assert _row(out, "relay killed by an injected crash") == 1
+    # The Spark report's latencies are milliseconds, not the whole seconds SQLite's
+    # CURRENT_TIMESTAMP gave (four figures all multiples of 1,000 by chance: one in 10^12).
+    summary = json.loads((tmp_path / "demo" / "reconcile" / "summary.json").read_text())
+    e2e = [r for r in summary["latency"] if r["leg"] == "commit → processed"]
+    assert e2e and any(r[k] % 1000 for r in e2e for k in ("p50", "max"))
+    assert summary["inputs"]["whole_second_rows"] == {"orders": 0, "billing": 0, "inventory": 0}
 
 
 @spark_children

@@ -7,6 +7,7 @@ the report lists exactly those ids. An incremental run after more traffic equals
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -143,6 +144,15 @@ def test_a_clean_world_reports_nothing(spark: Any, tmp_path: Path, pg_database: 
     assert topics["audit"]["messages"] == 6 and topics["audit"]["outbox"] == 6
     legs = {(r["topic"], r["leg"]) for r in summary["latency"]}
     assert ("orders", "commit → processed") in legs and ("audit", "commit → store") in legs
+    # Both databases are SQLite: their times keep milliseconds, so the figures are not whole
+    # seconds (all of them a multiple of 1,000 by chance: about one in 10^20).
+    figures = [r[k] for r in summary["latency"] for k in ("p50", "max")]
+    assert any(v % 1000 for v in figures), figures
+    assert summary["inputs"]["whole_second_rows"] == {"orders": 0, "billing": 0}
+    # A dozen messages are too few for a p95 or p99: they are not given.
+    assert all(
+        r["count"] < 20 and r["p95"] is None and r["p99"] is None for r in summary["latency"]
+    )
 
 
 def _comparable(spark: Any, summary: dict[str, Any], out: Path) -> tuple[Any, ...]:
@@ -228,6 +238,16 @@ def test_the_report_renders_its_charts_offline_in_chromium(
     assert fetched == 0  # nothing loaded from anywhere: the file is the whole report
     verdict = browser.find_element("css selector", ".verdict").text
     assert verdict.startswith("Anomalies found") and "lost" in verdict
+    labels = browser.execute_script(
+        "return [...document.querySelectorAll('svg.chart text.xtick')].map(t => {"
+        "  const b = t.getBBox(); return [t.closest('svg').getAttribute('aria-label'),"
+        "  b.x, b.x + b.width, t.textContent]; });"
+    )
+    for chart in {c for c, *_ in labels}:
+        boxes = sorted(b[1:] for b in labels if b[0] == chart)
+        assert len(boxes) >= 2, chart
+        for (_l1, r1, t1), (l2, _r2, t2) in itertools.pairwise(boxes):
+            assert r1 <= l2, f"{chart}: {t1!r} overlaps {t2!r}"
     examples = browser.find_elements("css selector", "section code")
     ids = {e.text for e in examples}
     assert ids >= set().union(

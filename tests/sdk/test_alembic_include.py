@@ -57,4 +57,4 @@ def test_service_history_includes_the_txbroker_branch(tmp_path: Path) -> None:
         tables = {r[0] for r in conn.execute("select name from sqlite_master where type='table'")}
         versions = {r[0] for r in conn.execute("select version_num from alembic_version")}
     assert {"widgets", "txb_local_tx", "txb_inbox", "txb_outbox"} <= tables
-    assert "txb_0001" in versions and "svc_0001" in versions  # two branches, one history
+    assert "txb_0002" in versions and "svc_0001" in versions  # two branches, one history

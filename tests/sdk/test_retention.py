@@ -79,7 +79,7 @@ async def test_old_rows_go_young_and_unpublished_rows_stay(engine: AsyncEngine) 
 
 
 async def test_rows_written_with_the_database_clock_age_out(engine: AsyncEngine) -> None:
-    # Server defaults (now() / CURRENT_TIMESTAMP): the comparison must agree with their zone.
+    # Server defaults (db_now()): the comparison must agree with their zone.
     async with engine.begin() as conn:
         await conn.execute(LOCAL_TX.insert().values(tx_id="a", state="committed"))
         await conn.execute(INBOX.insert().values(consumer_group="g", message_id="m"))
