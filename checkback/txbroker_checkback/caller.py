@@ -40,7 +40,7 @@ class CheckResult:
     seconds: float
     http_status: int | None = None  # the response's status code, when one came
     # What went wrong, in a few words a person can group by ("connection refused", "TLS",
-    # "HTTP 500", "signature refused (HTTP 401)", ...); "answered" when nothing did.
+    # "HTTP 500", "signature refused", ...); "answered" when nothing did.
     cause: str = "answered"
 
     @property
@@ -103,9 +103,13 @@ async def call_check(
         return result(unknown, CheckOutcome.BAD_ANSWER, reason, "connection broken")
     code = resp.status_code
     if not 200 <= code < 300:
-        # The contract's endpoint answers 401 to a signature it refuses (bad or stale).
-        cause = f"signature refused (HTTP {code})" if code == 401 else f"HTTP {code}"
-        return result(unknown, CheckOutcome.BAD_ANSWER, f"HTTP {code}", cause, code)
+        if code == 401:  # what the contract's endpoint answers to a bad or stale signature
+            reason = (
+                "HTTP 401: the endpoint refused the signature (not the producer group's secret "
+                "there, or the clocks too far apart)"
+            )
+            return result(unknown, CheckOutcome.BAD_ANSWER, reason, "signature refused", code)
+        return result(unknown, CheckOutcome.BAD_ANSWER, f"HTTP {code}", f"HTTP {code}", code)
     try:
         data = _decoder.decode(resp.content)
         raw = data["status"]
