@@ -239,7 +239,7 @@ async def test_the_backoff_of_unreachable_checks_doubles_to_the_cap_across_a_res
     # due times are the waits: 200, 400, 800, 1600 ms, then the cap again.
     gaps = [later - earlier for earlier, later in itertools.pairwise(due)]
     for gap, wait in zip(gaps, [200, 400, 800, 1600, 1600], strict=True):
-        assert wait <= gap < wait + 300, gaps
+        assert wait <= gap < wait + 500, gaps
     b = tx_broker(tmp_path / "b", settings=BACKOFF).start()
     try:
         async with await Client.connect(b.url) as c:
