@@ -9,6 +9,8 @@ Anything but a 2xx response whose JSON body is an object with a ``status`` of ex
 from __future__ import annotations
 
 import enum
+import socket
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -37,6 +39,9 @@ class CheckResult:
     reason: str
     seconds: float
     http_status: int | None = None  # the response's status code, when one came
+    # What went wrong, in a few words a person can group by ("connection refused", "TLS",
+    # "HTTP 500", "signature refused", ...); "answered" when nothing did.
+    cause: str = "answered"
 
     @property
     def sent(self) -> bool:
@@ -64,23 +69,47 @@ async def call_check(
     t0 = time.perf_counter()
 
     def result(
-        status: CheckStatus, outcome: CheckOutcome, reason: str, code: int | None = None
+        status: CheckStatus,
+        outcome: CheckOutcome,
+        reason: str,
+        cause: str,
+        code: int | None = None,
     ) -> CheckResult:
-        return CheckResult(status, outcome, reason, time.perf_counter() - t0, code)
+        return CheckResult(status, outcome, reason, time.perf_counter() - t0, code, cause)
 
+    unknown = CheckStatus.UNKNOWN
     try:
         resp = await client.post(url, content=body, headers=headers, timeout=timeout_s)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+    except httpx.ConnectTimeout:
+        cause = "connect timeout"
+        return result(
+            unknown, CheckOutcome.UNREACHABLE, f"unreachable: {cause} ({timeout_s} s)", cause
+        )
+    except httpx.PoolTimeout:
+        cause = "no free connection"
+        return result(
+            unknown, CheckOutcome.UNREACHABLE, f"unreachable: {cause} in {timeout_s} s", cause
+        )
+    except httpx.ConnectError as e:
         # Nothing reached the endpoint: not a check that was asked.
-        return result(CheckStatus.UNKNOWN, CheckOutcome.UNREACHABLE, f"unreachable: {e!r}")
+        cause, detail = _connect_failure(e)
+        return result(unknown, CheckOutcome.UNREACHABLE, f"unreachable: {cause}: {detail}", cause)
     except httpx.TimeoutException:
-        return result(CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, f"no answer within {timeout_s} s")
+        reason = f"no answer within {timeout_s} s"
+        return result(unknown, CheckOutcome.TIMEOUT, reason, "timeout")
     except httpx.TransportError as e:
         # Sent, then the connection broke (reset, closed before answering): it was asked.
-        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"connection failed: {e!r}")
-    if not 200 <= resp.status_code < 300:
-        code = resp.status_code
-        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, f"HTTP {code}", code)
+        reason = f"connection failed: {e!r}"
+        return result(unknown, CheckOutcome.BAD_ANSWER, reason, "connection broken")
+    code = resp.status_code
+    if not 200 <= code < 300:
+        if code == 401:  # what the contract's endpoint answers to a bad or stale signature
+            reason = (
+                "HTTP 401: the endpoint refused the signature (not the producer group's secret "
+                "there, or the clocks too far apart)"
+            )
+            return result(unknown, CheckOutcome.BAD_ANSWER, reason, "signature refused", code)
+        return result(unknown, CheckOutcome.BAD_ANSWER, f"HTTP {code}", f"HTTP {code}", code)
     try:
         data = _decoder.decode(resp.content)
         raw = data["status"]
@@ -90,5 +119,22 @@ async def call_check(
     except (msgspec.DecodeError, KeyError, ValueError, TypeError):
         snippet = resp.content[:80]
         reason = f"unreadable body {snippet!r}"
-        return result(CheckStatus.UNKNOWN, CheckOutcome.BAD_ANSWER, reason, resp.status_code)
-    return result(status, CheckOutcome.ANSWERED, f"answered {status.value}", resp.status_code)
+        return result(unknown, CheckOutcome.BAD_ANSWER, reason, "unreadable answer", code)
+    return result(status, CheckOutcome.ANSWERED, f"answered {status.value}", "answered", code)
+
+
+def _connect_failure(e: httpx.ConnectError) -> tuple[str, str]:
+    """Why a connection could not be made, as (cause, detail): the first OS or TLS error in
+    the exception's chain says it (httpx wraps httpcore's error, which wraps the socket's)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):  # before OSError: SSLError is one
+            return "TLS", str(seen)
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused", str(seen)
+        if isinstance(seen, socket.gaierror):
+            return "DNS", str(seen)
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return "connect failed", str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return "connect failed", str(e) or repr(e)

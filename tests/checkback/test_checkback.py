@@ -128,6 +128,35 @@ async def test_an_endpoint_that_is_down_is_unknown_and_not_counted() -> None:
     assert not res.sent
 
 
+async def test_each_failure_names_its_cause() -> None:
+    """What a person reads in the broker's log and in a transaction's last reason: refused,
+    TLS, a signature the endpoint refused, an HTTP status, an unreadable answer."""
+    with socket.socket() as s:  # bound, never listening: every connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        async with httpx.AsyncClient() as h:
+            refused = await call_check(h, f"http://127.0.0.1:{port}/c", REQ, "s3cret", None, 1)
+    assert refused.cause == "connection refused" and not refused.sent
+    assert refused.reason.startswith("unreachable: connection refused: ")
+    seen: list[CheckRequest] = []
+    async with serve_app(_endpoint_app({}, seen)) as base, httpx.AsyncClient() as h:
+        tls = await call_check(
+            h, base.replace("http:", "https:") + "/check", REQ, "s3cret", None, 2
+        )
+        assert (tls.outcome, tls.cause) == (CheckOutcome.UNREACHABLE, "TLS")
+        assert "SSL" in tls.reason  # the TLS library's words: wrong version number
+        forged = await call_check(h, base + "/check", REQ, "not-the-secret", None, 2)
+        assert (forged.outcome, forged.cause) == (CheckOutcome.BAD_ANSWER, "signature refused")
+        assert forged.reason.startswith("HTTP 401: the endpoint refused the signature")
+        ok = await call_check(h, base + "/check", REQ, "s3cret", None, 2)
+        assert ok.cause == "answered"
+    async with serve_app(_misbehaving_app()) as base, httpx.AsyncClient() as h:
+        assert (await call_check(h, base + "/500", REQ, "s3cret", None, 2)).cause == "HTTP 500"
+        garbage = await call_check(h, base + "/garbage", REQ, "s3cret", None, 2)
+        assert garbage.cause == "unreadable answer"
+        assert (await call_check(h, base + "/slow", REQ, "s3cret", None, 0.3)).cause == "timeout"
+
+
 async def test_resolver_failure_is_a_500() -> None:
     def broken(_: CheckRequest) -> CheckStatus:
         raise RuntimeError("db down")

@@ -1,6 +1,7 @@
 """docker/ read without a daemon: the compose file through Debian's docker-compose (v1) `config`,
-with and without the cluster profile, the Prometheus config and alert rules through promtool, the
-rest parsed as YAML or JSON."""
+with and without the cluster profile, the Prometheus config and alert rules through promtool (the
+rules checked, and run against their unit tests in alerts_test.yml), the rest parsed as YAML or
+JSON."""
 
 from __future__ import annotations
 
@@ -204,6 +205,7 @@ def test_prometheus_config_and_rules() -> None:
     for args in (
         ["check", "config", str(DOCKER / "prometheus" / "prometheus.yml")],
         ["check", "rules", str(DOCKER / "prometheus" / "alerts.yml")],
+        ["test", "rules", str(DOCKER / "prometheus" / "alerts_test.yml")],  # the rules' unit tests
     ):
         r = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -215,6 +217,7 @@ def test_prometheus_config_and_rules() -> None:
         "otel-collector.yaml",
         "prometheus/prometheus.yml",
         "prometheus/alerts.yml",
+        "prometheus/alerts_test.yml",
         "grafana/provisioning/datasources/prometheus.yaml",
         "grafana/provisioning/dashboards/txbroker.yaml",
     ],

@@ -74,7 +74,8 @@ def register(sub: Subparsers) -> None:
         "doubling from --check-backoff-base-ms to --check-backoff-cap-ms; after --max-checks "
         "checks that reached the service it is parked for an operator (about 45 minutes with "
         "the defaults; e.g. --tx-timeout-ms 1000 --check-backoff-base-ms 1000 --max-checks 3 "
-        "parks in seconds, for testing).",
+        "parks in seconds, for testing). One whose checks reach no one for --stall-after-ms "
+        "is stalled: checked on and never decided, but shown and alerted on.",
     )
     checks.add_argument(
         "--tx-timeout-ms",
@@ -108,6 +109,14 @@ def register(sub: Subparsers) -> None:
         type=positive,
         metavar="MS",
         help="how long one check may take (TXB_CHECK_TIMEOUT_MS; default 3000)",
+    )
+    checks.add_argument(
+        "--stall-after-ms",
+        type=positive,
+        metavar="MS",
+        help="a transaction whose checks have reached no one this long (its endpoint is "
+        "unreachable, or no poller takes its pulled checks) is stalled "
+        "(TXB_STALL_AFTER_MS; default 900000, 15 min)",
     )
     _connection_flags(sv)
     _cluster_flags(sv)
@@ -278,6 +287,7 @@ def config_from_args(
         "check_backoff_cap_ms": args.check_backoff_cap_ms,
         "max_checks": args.max_checks,
         "check_timeout_ms": args.check_timeout_ms,
+        "stall_after_ms": args.stall_after_ms,
         "max_connections": args.max_connections,
         "reserved_connections": args.reserved_connections,
         "handshake_timeout_ms": args.handshake_timeout_ms,
@@ -314,11 +324,13 @@ def _serve(args: argparse.Namespace) -> int:
     config = config_from_args(args, os.environ)
     setup_tracing("txbroker-broker")  # only when OTEL_* asks for traces (the default name)
     log.info(
-        "back-checks: first after %d ms, then every %d..%d ms; parked after %d checks",
+        "back-checks: first after %d ms, then every %d..%d ms; parked after %d checks; "
+        "stalled after %d ms of checks that reach no one",
         config.tx_timeout_ms,
         config.check_backoff_base_ms,
         config.check_backoff_cap_ms,
         config.max_checks,
+        config.stall_after_ms,
     )
     log.info(
         "retention: segments older than %s or beyond %s deleted, looked at every %d ms",

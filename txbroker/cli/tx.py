@@ -1,9 +1,11 @@
 """`txbroker tx list|show|commit|rollback|resume|prepare`: open transactions, for operators.
 
 A transaction is *pending* (prepared, waiting for its END_TX or a back-check's answer) or
-*parked* (the back-checks gave up: an operator commits, rolls back or resumes checking). The
-broker's wire and HTTP name the pending state ``prepared``; JSON output keeps that name, tables
-say pending.
+*parked* (the back-checks gave up: an operator commits, rolls back or resumes checking). A
+pending one whose checks have reached no one for the broker's stall time is *stalled*: still
+checked, never decided by the broker. The broker's wire and HTTP name the pending state
+``prepared``; JSON output keeps that name (with ``stalled`` beside it), tables say pending or
+stalled.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ __all__ = ["register", "state_label", "tx_record"]
 
 # The CLI's names for the broker's states; --state takes either.
 _LABELS = {"prepared": "pending"}
-_STATES = {"pending": "prepared", "prepared": "prepared", "parked": "parked"}
+_STATES = {"pending": "prepared", "prepared": "prepared", "parked": "parked", "stalled": "stalled"}
 
 
 def register(sub: Subparsers) -> None:
@@ -37,7 +39,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--state",
         choices=sorted(_STATES),
-        help="only pending (prepared: the same) or only parked transactions",
+        help="only pending (prepared: the same), only parked, or only stalled (pending ones "
+        "whose checks reach no one) transactions",
     )
     p.add_argument("--topic", help="only transactions of this topic")
     p.add_argument("--limit", type=positive, default=100, help="show at most this many")
@@ -75,8 +78,8 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=with_client(_prepare))
 
 
-def state_label(state: str) -> str:
-    return _LABELS.get(state, state)
+def state_label(state: str, stalled: bool = False) -> str:
+    return "stalled" if stalled else _LABELS.get(state, state)
 
 
 def tx_record(t: Any) -> dict[str, Any]:
@@ -94,6 +97,8 @@ def tx_record(t: Any) -> dict[str, Any]:
         "next_check_ms": t.next_check_ms,
         "reason": t.last_reason,
         "resolved_by": t.resolved_by,
+        "stalled": t.stalled,
+        "unreachable_since_ms": t.unreachable_since_ms,
     }
 
 
@@ -125,7 +130,7 @@ async def _list(c: Any, args: argparse.Namespace) -> int:
         (
             [
                 t.tx_id,
-                state_label(t.state),
+                state_label(t.state, t.stalled),
                 t.topic,
                 t.producer_group,
                 human_time(t.created_ms),
@@ -150,7 +155,7 @@ async def _show(c: Any, args: argparse.Namespace) -> int:
     print_fields(
         {
             "tx id": t.tx_id,
-            "state": state_label(t.state),
+            "state": state_label(t.state, t.stalled),
             "topic": f"{t.topic} (queue {t.queue_id})",
             "producer group": t.producer_group,
             "check url": t.check_url,
@@ -160,6 +165,9 @@ async def _show(c: Any, args: argparse.Namespace) -> int:
             "checks": t.checks,
             "next check": human_time(t.next_check_ms) if _next_check(t) != "-" else "-",
             "last reason": t.last_reason or "-",
+            "checks unreachable since": (
+                human_time(t.unreachable_since_ms) if t.unreachable_since_ms else "-"
+            ),
             "resolved by": t.resolved_by or "-",
         }
     )

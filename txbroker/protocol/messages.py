@@ -278,10 +278,14 @@ class TxInfo(msgspec.Struct, frozen=True):
     next_check_ms: int
     last_reason: str
     resolved_by: str
+    # Prepared, and its back-checks have reached no one for the broker's stall time.
+    stalled: bool = False
+    # When its back-checks stopped reaching the service (epoch ms); None while they reach it.
+    unreachable_since_ms: int | None = None
 
 
 class TxListRequest(msgspec.Struct, frozen=True):
-    state: str | None = None  # prepared | parked (default: both)
+    state: str | None = None  # prepared | parked | stalled (prepared ones; default: all open)
     topic: str | None = None
     limit: int = 100
 

@@ -174,7 +174,10 @@ class BrokerServer:
             producer,
             cfg.data_dir / "meta",
             TxSettings(
-                cfg.tx_timeout_ms, secrets=cfg.tx_secrets, default_secret=cfg.tx_default_secret
+                cfg.tx_timeout_ms,
+                secrets=cfg.tx_secrets,
+                default_secret=cfg.tx_default_secret,
+                stall_after_ms=cfg.stall_after_ms,
             ),
             notifier.notify,
         )

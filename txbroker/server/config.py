@@ -62,6 +62,9 @@ class ServerConfig:
     check_breaker_failures: int = 5
     check_breaker_base_ms: int = 5_000
     check_breaker_cap_ms: int = 300_000
+    # A prepared transaction whose back-checks have reached no one (unreachable endpoint, no
+    # poller) for this long is stalled: listed and alerted on, never decided (TxSettings).
+    stall_after_ms: int = 900_000
     tx_secrets: dict[str, str] = field(default_factory=dict, repr=False)
     tx_default_secret: str | None = field(default=None, repr=False)
     # Store file sizes (see StoreConfig): commit-log segments and key-index entries per file.
@@ -154,6 +157,7 @@ class ServerConfig:
             "check_breaker_failures",
             "check_breaker_base_ms",
             "check_breaker_cap_ms",
+            "stall_after_ms",
         ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive")
@@ -278,6 +282,7 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "check_breaker_failures",
             "check_breaker_base_ms",
             "check_breaker_cap_ms",
+            "stall_after_ms",
             "max_connections",
             "reserved_connections",
             "handshake_timeout_ms",

@@ -50,8 +50,8 @@ from txbroker.server.replication.master import ReplicationMaster
 from txbroker.server.retry import RetryService
 from txbroker.server.topics import TopicRegistry
 from txbroker.tx import spans
-from txbroker.tx.coordinator import TxCoordinator, tx_info
-from txbroker.tx.state import Decision, Resolver, TxState
+from txbroker.tx.coordinator import TxCoordinator
+from txbroker.tx.state import Decision, Resolver
 
 __all__ = ["build_handlers"]
 
@@ -169,15 +169,12 @@ def build_handlers(
         return later(resolve_slow(req))
 
     def tx_list(req: TxListRequest) -> TxListResponse:
-        if req.state not in (None, "", "prepared", "parked"):
-            raise InvalidArgument("state must be prepared or parked")
-        state = TxState(req.state) if req.state else None
-        found = tx.list(state, req.topic)
+        found = tx.listing(req.state, req.topic)
         limit = max(1, min(req.limit, 10_000))
-        return TxListResponse([tx_info(t) for t in found[:limit]], len(found))
+        return TxListResponse([tx.info(t) for t in found[:limit]], len(found))
 
     def tx_show(req: TxId) -> TxInfo:
-        return tx_info(tx.get(req.tx_id))
+        return tx.info(tx.get(req.tx_id))
 
     handlers: dict[int, Handler] = {
         Opcode.TX_PREPARE: tx_prepare,

@@ -123,6 +123,13 @@ class BrokerMetrics:
             unit="{transaction}",
             description="Transactions the back-checks gave up on; an operator resolves them.",
         )
+        m.create_observable_gauge(
+            "txbroker.tx.stalled",
+            [_gauge(self._tx.count_stalled)],
+            unit="{transaction}",
+            description="Pending transactions whose back-checks have reached no one for the "
+            "stall time (endpoint unreachable, or no poller): still checked, never decided.",
+        )
         m.create_observable_counter(
             "txbroker.tx.prepared",
             [_gauge(lambda: self._tx.counters["prepared"])],

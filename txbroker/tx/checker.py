@@ -3,10 +3,12 @@
 A prepared transaction with no END_TX by its timeout gets a signed POST to its check URL.
 COMMIT and ROLLBACK resolve it through the coordinator (fenced like an END_TX); anything else
 is UNKNOWN and checked again with exponential backoff. After ``max_checks`` checks that reached
-the endpoint it is PARKED for an operator. Bounded and fair: at most ``concurrency`` checks in
-flight, due checks served through the fair lanes (``txbroker.tx.checklanes``), and a total
-``deadline_ms`` per check. A check with ``check_url`` = ``pull`` is queued for its
-producer group's pollers instead (``txbroker.tx.pull``). :class:`BackChecker` gives the rules.
+the endpoint it is PARKED for an operator; one whose checks reach no one is flagged *stalled*
+after a while (``Tx.unreached``) and checked on. Bounded and fair: at most ``concurrency``
+checks in flight, due checks served through the fair lanes (``txbroker.tx.checklanes``), and a
+total ``deadline_ms`` per check. A check with ``check_url`` = ``pull`` is queued for its
+producer group's pollers instead (``txbroker.tx.pull``). Failing endpoints are logged for a
+person (``txbroker.tx.checkhealth``). :class:`BackChecker` gives the rules.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from txbroker.errors import NotMaster, TransactionConflict, TxbError
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker.tx import spans
+from txbroker.tx.checkhealth import CheckHealth
 from txbroker.tx.checklanes import EndpointInfo, FairLanes, LaneSettings, endpoint_of
 from txbroker.tx.coordinator import TxCoordinator
 from txbroker.tx.pull import PULL_CHECK_URL, PulledCheck, PullQueues
@@ -76,9 +79,11 @@ def _now_ms() -> int:
 class BackChecker:
     """Schedules, sends and counts the back-checks of one coordinator's open transactions.
 
-    After an UNKNOWN the next check waits ``base * 2**(n-1)`` ms, capped. Only checks that reached
-    the endpoint count towards ``max_checks``: an unreachable endpoint is retried with the same
-    backoff but never parks a transaction by itself (nothing was asked).
+    After the n-th check that did not decide (answered UNKNOWN, failed, or unreachable) the next
+    waits ``base * 2**(n-1)`` ms, capped. Only checks that reached the endpoint count towards
+    ``max_checks``: an unreachable endpoint is retried with the same backoff but never parks a
+    transaction by itself (nothing was asked); the transaction is dated instead
+    (``Tx.unreached``), and stalled when that lasts (``TxSettings.stall_after_ms``).
 
     Bounded so 100k pending transactions never become a storm, and fair so one broken service
     never delays another's recovery: due checks wait in one queue per (endpoint, producer group)
@@ -93,6 +98,7 @@ class BackChecker:
         self._heap: list[tuple[int, str]] = []
         self._wake = asyncio.Event()
         self._lanes = FairLanes(settings.lanes())
+        self._health = CheckHealth()
         self._free = settings.concurrency  # global lanes not in use
         self._checking: set[str] = set()  # transactions whose check is out
         self._inflight: set[asyncio.Task[None]] = set()
@@ -118,6 +124,7 @@ class BackChecker:
         self._http = httpx.AsyncClient(limits=limits, follow_redirects=False)
         self._heap.clear()  # started again after a failover: the open ones are scheduled anew
         self._pulls.clear()
+        self._health = CheckHealth()  # a new term learns the endpoints' health anew
         for tx in self._coord.open.values():
             if tx.state is TxState.PREPARED:
                 self.schedule(tx)
@@ -166,14 +173,19 @@ class BackChecker:
                 due_ms, tx_id = heapq.heappop(self._heap)
                 tx = self._coord.open.get(tx_id)
                 if tx is None or tx.state is not TxState.PREPARED:
-                    self._pulls.answered(tx_id)  # ended or parked: a check out is moot
+                    if self._pulls.answered(tx_id) is not None:  # ended or parked: moot
+                        self._pull_answered(tx_id)
                     continue
                 if tx.next_check_ms != due_ms:
                     continue  # rescheduled since: a stale heap entry
                 if tx.check_url == PULL_CHECK_URL:
                     self._offer(tx)
                 else:
-                    self._lanes.push(tx_id, endpoint_of(tx.check_url), tx.producer_group)
+                    endpoint = endpoint_of(tx.check_url)
+                    self._lanes.push(tx_id, endpoint, tx.producer_group)
+                    # Due at an endpoint nobody reaches now: it waits for it like the others.
+                    if self._health.unreachable(endpoint) and tx.unreached(now):
+                        self._coord.snapshot.mark()
             while self._free > 0:
                 got = self._lanes.pop(time.monotonic(), self._due)
                 if got is None:
@@ -207,13 +219,27 @@ class BackChecker:
             task.add_done_callback(self._expiring.discard)
             return
         self._pulls.push(tx.producer_group, tx.tx_id)
+        # Not reached until a poller takes it (pull() clears this): with no poller, it stalls.
+        if tx.unreached(_now_ms()):
+            self._coord.snapshot.mark()
 
     async def _expire(self, tx: Tx, out: PulledCheck) -> None:
         reason = f"no answer to the pulled check within {self.settings.deadline_ms} ms"
         seconds = time.monotonic() - out.taken_s
-        await self._answered(
-            tx, CheckResult(CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, reason, seconds)
+        res = CheckResult(
+            CheckStatus.UNKNOWN, CheckOutcome.TIMEOUT, reason, seconds, None, "timeout"
         )
+        self._tell(_pull_endpoint(tx.producer_group), res)
+        await self._answered(tx, res)
+
+    def _pull_answered(self, tx_id: str) -> None:
+        """The pulled check out for ``tx_id`` was answered by the transaction's end (its
+        poller's commit or rollback) or an operator's park: its group's pollers answer."""
+        tx = self._coord.find(tx_id)
+        if tx is not None:
+            line = self._health.answered(_pull_endpoint(tx.producer_group), time.monotonic())
+            if line is not None:
+                log.info("%s", line)
 
     def _pull_due(self, tx_id: str) -> bool:
         tx = self._coord.open.get(tx_id)
@@ -257,6 +283,7 @@ class BackChecker:
             # after a restart the check is offered again instead of waiting for an answer
             # to a check the new process never handed out.
             tx.next_check_ms = now_ms + self.settings.deadline_ms
+            tx.reached()  # a pulled check reaches the service when a poller takes it
             self._pulls.taken(tx_id, PulledCheck(tx.next_check_ms, now_s))
             self.schedule(tx)
         if got:
@@ -281,6 +308,7 @@ class BackChecker:
             )
         seconds = time.monotonic() - out.taken_s
         res = CheckResult(CheckStatus.UNKNOWN, CheckOutcome.ANSWERED, "answered UNKNOWN", seconds)
+        self._tell(_pull_endpoint(tx.producer_group), res)
         await self._answered(tx, res)
         return tx
 
@@ -325,8 +353,16 @@ class BackChecker:
         try:
             secret = self._coord.secret_for(tx.producer_group)
             assert self._http is not None
-            if secret is None:
-                res = CheckResult(CheckStatus.UNKNOWN, CheckOutcome.UNREACHABLE, "no secret", 0.0)
+            if secret is None:  # the configuration changed since the PREPARE
+                reason = (
+                    f"no check-back secret for producer group {tx.producer_group!r} on this "
+                    "broker (serve --tx-secret GROUP=SECRET)"
+                )
+                res = CheckResult(
+                    CheckStatus.UNKNOWN, CheckOutcome.UNREACHABLE, reason, 0.0, None, "no secret"
+                )
+                # Told apart from the endpoint, which may be fine for other groups.
+                self._tell(f"{endpoint} for producer group {tx.producer_group}", res)
             else:
                 req = CheckRequest(
                     tx.tx_id, tx.topic, tx.producer_group, tx.checks, tx.key, tx.message_id
@@ -347,6 +383,7 @@ class BackChecker:
                 )
                 if span is not None:
                     spans.checked(span, res)
+                self._tell(endpoint, res)
             self._record(tx, res)
             failed = res.outcome in (CheckOutcome.TIMEOUT, CheckOutcome.UNREACHABLE)
             await self._apply(tx, res, span)
@@ -380,6 +417,9 @@ class BackChecker:
         tx.attempts += 1
         if res.sent:
             tx.checks += 1
+            tx.reached()
+        else:
+            tx.unreached(_now_ms())
         tx.last_reason = f"check {tx.checks}: {res.reason}"
         if tx.checks >= self.settings.max_checks:
             await self._coord.park(tx, f"parked after {tx.checks} checks; last: {res.reason}")
@@ -398,6 +438,32 @@ class BackChecker:
         self._coord.snapshot.mark()
         self.schedule(tx)
 
+    def _tell(self, endpoint: str, res: CheckResult) -> None:
+        """Log what ``res`` changes about ``endpoint``'s run of failures (rate-limited), and
+        when the endpoint turns unreachable, date the transactions queued for it: they wait
+        on it too, and behind an open breaker they would never be sent to find out."""
+        now_s = time.monotonic()
+        if res.outcome is CheckOutcome.ANSWERED:
+            line = self._health.answered(endpoint, now_s)
+            if line is not None:
+                log.info("%s", line)
+            return
+        unreachable = res.outcome is CheckOutcome.UNREACHABLE
+        was = self._health.unreachable(endpoint)
+        line = self._health.failed(
+            endpoint, res.cause, res.reason, unreachable=unreachable, now_s=now_s
+        )
+        if line is not None:
+            log.warning("%s", line)
+        if unreachable and not was and self._health.unreachable(endpoint):
+            now_ms, changed = _now_ms(), False
+            for tx_id in self._lanes.queued_at(endpoint):
+                tx = self._coord.open.get(tx_id)
+                if tx is not None and tx.state is TxState.PREPARED:
+                    changed = tx.unreached(now_ms) or changed
+            if changed:
+                self._coord.snapshot.mark()
+
     def _record(self, tx: Tx, res: CheckResult) -> None:
         key = res.status.value if res.outcome is CheckOutcome.ANSWERED else res.outcome.value
         tx.record_check(CheckRecord(_now_ms(), key, res.reason, res.seconds))
@@ -411,3 +477,8 @@ class BackChecker:
             self.latency_buckets[-1] += 1
         if self.on_checked is not None:
             self.on_checked(key, res.seconds)
+
+
+def _pull_endpoint(group: str) -> str:
+    """How the log names the pollers of a producer group's back-checks by pull."""
+    return f"producer group {group}'s pollers"

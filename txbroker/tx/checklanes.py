@@ -128,6 +128,14 @@ class FairLanes:
         q.items.append(item)
         q.endpoint.queued += 1
 
+    def queued_at(self, endpoint: str) -> list[str]:
+        """The items waiting for ``endpoint``, over all its producer groups' queues (some may
+        no longer be live: :meth:`pop` drops those)."""
+        ep = self._endpoints.get(endpoint)
+        if ep is None or not ep.queued:
+            return []
+        return [i for (name, _), q in self._queues.items() if name == endpoint for i in q.items]
+
     def pop(self, now: float, live: Callable[[str], bool]) -> tuple[str, str] | None:
         """The next check to send, as (item, endpoint), its send recorded; None when every
         queue waits on a limit (see :meth:`next_ready`) or nothing is due. Items ``live``

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from txbroker.errors import (
+    InvalidArgument,
     NotFound,
     StoreFailed,
     TooManyTransactions,
@@ -77,6 +78,8 @@ __all__ = ["TxCoordinator", "TxSettings"]
 
 log = logging.getLogger(__name__)
 
+# The listings' state filter: the two open states, and the prepared ones that are stalled.
+LISTED: Final = ("prepared", "parked", "stalled")
 # This many ended transactions stay in memory for cheap duplicate END_TX answers; older ones
 # are answered from their decision records (txend:<tx>) through the index.
 RECENT_MAX: Final = 100_000
@@ -99,6 +102,10 @@ class TxSettings:
     default_secret: str | None = None
     # Open transactions live in memory; bound them (about 1 KiB each without the cached body).
     max_open: int = 1_000_000
+    # A PREPARED transaction whose checks have reached no one for this long is stalled: shown
+    # to operators and alerted on, never decided. 15 min: longer than a deploy or a restart of
+    # the service (8 failed checks at the default backoff), short of the 45 min parking takes.
+    stall_after_ms: int = 900_000
 
 
 class TxCoordinator:
@@ -426,6 +433,11 @@ class TxCoordinator:
 
     # --- queries ---
 
+    def stalled(self, tx: Tx, now_ms: int | None = None) -> bool:
+        """Whether ``tx`` is stalled: PREPARED, its checks reaching no one for the stall time."""
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        return tx.stalled(now, self.settings.stall_after_ms)
+
     def find(self, tx_id: str) -> Tx | None:
         """An open or recently ended transaction; None if not in memory."""
         return self.open.get(tx_id) or self._recent.get(tx_id)
@@ -461,6 +473,16 @@ class TxCoordinator:
                     break
         return out
 
+    def listing(self, which: str | None, topic: str | None) -> list[Tx]:
+        """What TX_LIST and ``GET /v1/transactions`` list: open transactions, oldest first;
+        ``which`` is ``prepared``, ``parked`` or ``stalled`` (prepared ones), all when empty."""
+        if which not in (None, "", *LISTED):
+            raise InvalidArgument(f"state must be one of {', '.join(LISTED)}, not {which!r}")
+        if which != "stalled":
+            return self.list(TxState(which) if which else None, topic)
+        now = time.time_ns() // 1_000_000
+        return [t for t in self.list(TxState.PREPARED, topic) if self.stalled(t, now)]
+
     def list(self, state: TxState | None, topic: str | None) -> list[Tx]:
         out = [
             tx
@@ -472,6 +494,30 @@ class TxCoordinator:
 
     def count(self, state: TxState) -> int:
         return sum(1 for tx in self.open.values() if tx.state is state)
+
+    def count_stalled(self) -> int:
+        now, after = time.time_ns() // 1_000_000, self.settings.stall_after_ms
+        return sum(1 for tx in self.open.values() if tx.stalled(now, after))
+
+    def info(self, tx: Tx) -> TxInfo:
+        """``tx`` as TX_SHOW, TX_LIST and the HTTP admin API describe it."""
+        return TxInfo(
+            tx.tx_id,
+            tx.state.value,
+            tx.topic,
+            tx.queue_id,
+            tx.producer_group,
+            tx.check_url,
+            tx.message_id,
+            tx.key,
+            tx.created_ms,
+            tx.checks,
+            tx.next_check_ms,
+            tx.last_reason,
+            tx.resolved_by,
+            self.stalled(tx),
+            tx.unreachable_since_ms if tx.unreachable_since_ms > 0 and not tx.ended else None,
+        )
 
     # --- recovery ---
 
@@ -494,21 +540,3 @@ class TxCoordinator:
             "transactions: %d open after recovery (%d half and %d op records read in %.2f s)",
             *(len(self.open), got.halves_read, got.ops_read, got.seconds),
         )
-
-
-def tx_info(tx: Tx) -> TxInfo:
-    return TxInfo(
-        tx.tx_id,
-        tx.state.value,
-        tx.topic,
-        tx.queue_id,
-        tx.producer_group,
-        tx.check_url,
-        tx.message_id,
-        tx.key,
-        tx.created_ms,
-        tx.checks,
-        tx.next_check_ms,
-        tx.last_reason,
-        tx.resolved_by,
-    )

@@ -49,6 +49,7 @@ def resume(store: MessageStore, tx_id: str, tx: Tx | None) -> Tx:
         raise TransactionConflict(f"only a parked transaction can resume; {tx_id} is {state}")
     transition(tx, TxState.PREPARED)
     tx.checks = tx.attempts = 0
+    tx.reached()  # a new round: the stall clock starts at its first check that cannot reach
     tx.next_check_ms = time.time_ns() // 1_000_000
     tx.last_reason = "resumed by an operator"
     _append_op(store, tx, "resume", Resolver.OPERATOR, tx.last_reason)

@@ -42,6 +42,7 @@ from txbroker.tx.state import (
     PROP_TIMEOUT,
     PROP_TRACEPARENT,
     PROP_TX,
+    SINCE_UNKNOWN,
     Resolver,
     Tx,
     TxState,
@@ -81,6 +82,10 @@ class _Saved(msgspec.Struct):
     # and older than every copy after it (a copy carries its own counts).
     half_hi: int = _NO_HALF_HI
     counters: dict[str, int] = msgspec.field(default_factory=dict)
+    # (attempts, unreachable_since_ms) of the transactions in ``checks`` where either is not 0:
+    # the backoff and the stall clock go on after a restart. None in a file written before it
+    # existed: those transactions' runs are unknown (``SINCE_UNKNOWN``).
+    attempts: dict[str, tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +110,11 @@ def encode_state(
         checks={t.tx_id: (t.checks, t.next_check_ms, t.last_reason) for t in open_txs.values()},
         half_hi=half_hi,
         counters=dict(counters),
+        attempts={
+            t.tx_id: (t.attempts, t.unreachable_since_ms)
+            for t in open_txs.values()
+            if t.attempts or t.unreachable_since_ms
+        },
     )
     return msgspec.json.encode(saved)
 
@@ -189,6 +199,12 @@ async def recover_open(
         elif not resumed:  # counts saved before a resume belong to the earlier round
             tx.checks, tx.next_check_ms = count, next_ms
             tx.last_reason = reason or tx.last_reason
+            if saved.attempts is not None and tx.tx_id in saved.checks:
+                tx.attempts, tx.unreachable_since_ms = saved.attempts.get(tx.tx_id, (0, 0))
+            else:  # prepared after the file, or a failover: the file cannot say
+                tx.unreachable_since_ms = SINCE_UNKNOWN
+        else:  # resumed: the saved run may be the earlier round's or this one's
+            tx.unreachable_since_ms = SINCE_UNKNOWN
         open_txs[tx.tx_id] = tx
     took = time.perf_counter() - started
     return Recovered(open_txs, finished, saved.counters, halves_read, ops_read, took)

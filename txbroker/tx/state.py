@@ -7,6 +7,10 @@
 
 Resolution is final and fenced: a second END_TX with the same decision returns the first
 result; a different one is refused with TransactionConflict, whoever sends it.
+
+*Stalled* is not a state: a PREPARED transaction whose checks have reached no one for the stall
+time is flagged (:meth:`Tx.stalled`) and goes on being checked and resolved as any other, so
+nothing about it needs a transition, an op record or fencing; only when the run began is kept.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = [
     "CHECK_HISTORY_MAX",
     "HALF_TOPIC",
     "OP_TOPIC",
+    "SINCE_UNKNOWN",
     "CheckRecord",
     "Decision",
     "Resolver",
@@ -107,6 +112,11 @@ class Resolver(enum.StrEnum):
 # (most never need a check and hold none).
 CHECK_HISTORY_MAX: Final = 16
 
+# ``Tx.unreachable_since_ms`` of a transaction recovered without it (after a failover: the new
+# master has the log, not the old one's tx.json): its first check that cannot reach the service
+# dates the run from the transaction's first due check, as if none had reached it since.
+SINCE_UNKNOWN: Final = -1
+
 
 @dataclass(frozen=True, slots=True)
 class CheckRecord:
@@ -146,6 +156,10 @@ class Tx:
     checks: int = 0  # back-checks that reached the endpoint (they park it at the maximum)
     attempts: int = 0  # back-checks tried, reached or not (they set the backoff)
     next_check_ms: int = 0
+    # When its checks stopped reaching the service: the first of the current run of checks that
+    # could not (unreachable, a pulled one no poller took, or one held behind an endpoint that
+    # is unreachable), epoch ms; 0 while they reach it (or none was due yet).
+    unreachable_since_ms: int = 0
     last_reason: str = ""
     resolved_by: str = ""
     resolved_ms: int = 0
@@ -168,6 +182,26 @@ class Tx:
     @property
     def ended(self) -> bool:
         return self.state in (TxState.COMMITTED, TxState.ROLLED_BACK)
+
+    def unreached(self, now_ms: int) -> bool:
+        """A check could not reach the service at ``now_ms``: a run of such checks starts,
+        unless one is on. Whether anything changed (the state file then needs saving)."""
+        if self.unreachable_since_ms > 0:
+            return False
+        if self.unreachable_since_ms == SINCE_UNKNOWN:
+            self.unreachable_since_ms = min(self.created_ms + self.timeout_ms, now_ms)
+        else:
+            self.unreachable_since_ms = now_ms
+        return True
+
+    def reached(self) -> None:
+        """A check reached the service (answered, badly, or timed out after it was sent)."""
+        self.unreachable_since_ms = 0
+
+    def stalled(self, now_ms: int, after_ms: int) -> bool:
+        """PREPARED, and its checks have reached no one for ``after_ms`` or longer."""
+        since = self.unreachable_since_ms
+        return self.state is TxState.PREPARED and 0 < since <= now_ms - after_ms
 
 
 def transition_back(tx: Tx, to: TxState) -> None:

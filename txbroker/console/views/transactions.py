@@ -1,5 +1,6 @@
-"""Transactions: the pending and parked ones with their actions (commit, roll back, resume), the
-recently ended ones, and one transaction's timeline.
+"""Transactions: the pending and parked ones with their actions (commit, roll back, resume),
+the stalled among the pending marked (``?state=stalled`` shows only those), the recently ended
+ones, and one transaction's timeline.
 
 The actions are the operator's END_TX and resume, as ``txbroker tx commit|rollback|resume``
 do: fenced like any decision, so a transaction that ended meanwhile answers with a conflict,
@@ -11,6 +12,7 @@ decided on that confirmation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Final
 
@@ -57,8 +59,13 @@ def routes(ctx: Context) -> list[Route]:
 
     async def transactions(request: Request) -> Response:
         topic = request.query_params.get("topic") or None
+        only_stalled = _choice(request, "state", ("stalled",)) is not None
         pending = deps.tx.list(TxState.PREPARED, topic)
         parked = deps.tx.list(TxState.PARKED, topic)
+        now = int(time.time() * 1000)
+        stalled = {t.tx_id for t in pending if deps.tx.stalled(t, now)}
+        if only_stalled:
+            pending = [t for t in pending if t.tx_id in stalled]
         ended_state = _choice(request, "ended", tuple(s.value for s in ENDED_STATES))
         ended_by = _choice(request, "by", tuple(r.value for r in Resolver))
         ended = deps.tx.ended(
@@ -79,6 +86,8 @@ def routes(ctx: Context) -> list[Route]:
             "ended_shown": ENDED_SHOWN,
             "topics": [t.name for t in deps.topics.list()],
             "resolvers": [r.value for r in Resolver],
+            "stalled": stalled,
+            "only_stalled": only_stalled,
             "active": "transactions",
         }
         return ctx.render(request, "transactions.html", context)

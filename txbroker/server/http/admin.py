@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from txbroker.errors import BadRequest, Forbidden, NotFound
+from txbroker.errors import BadRequest, Forbidden, InvalidArgument, NotFound
 from txbroker.server.admin import Admin
 from txbroker.server.http.guard import guarded, principal
 from txbroker.server.http.problems import Unavailable
@@ -30,8 +30,7 @@ from txbroker.server.tokens import Role, TokenTable
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import KeyKind, MessageStore, StoredMessage
 from txbroker.tx.checker import BackChecker
-from txbroker.tx.coordinator import TxCoordinator, tx_info
-from txbroker.tx.state import TxState
+from txbroker.tx.coordinator import TxCoordinator
 
 __all__ = ["admin_routes"]
 
@@ -163,24 +162,25 @@ def admin_routes(
         return tx
 
     async def list_transactions(request: Request) -> Response:
-        raw = request.query_params.get("state")
-        if raw not in (None, "", "prepared", "parked"):
-            raise BadRequest("state must be prepared or parked")
-        state = TxState(raw) if raw else None
+        c = coordinator()
+        try:
+            found = c.listing(request.query_params.get("state"), request.query_params.get("topic"))
+        except InvalidArgument as e:
+            raise BadRequest(str(e)) from e
         who = principal(request)
-        found = coordinator().list(state, request.query_params.get("topic"))
         found = [t for t in found if who.may(Role.READ, t.topic)]
         return JSONResponse(
             {
-                "transactions": [msgspec.to_builtins(tx_info(t)) for t in found[:1000]],
+                "transactions": [msgspec.to_builtins(c.info(t)) for t in found[:1000]],
                 "total": len(found),
             }
         )
 
     async def show_transaction(request: Request) -> Response:
-        t = coordinator().get(request.path_params["tx_id"])
+        c = coordinator()
+        t = c.get(request.path_params["tx_id"])
         _need(request, Role.READ, t.topic)
-        return JSONResponse(msgspec.to_builtins(tx_info(t)))
+        return JSONResponse(msgspec.to_builtins(c.info(t)))
 
     async def resume_transaction(request: Request) -> Response:
         # Commit and rollback have their own routes (messaging.py): a producer's decision.
