@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.console.conftest import wait_for
-from tests.examples.test_shop import Shop, _invoices, _until, databases, shop
+from tests.console.conftest import sign_in, wait_for
+from tests.examples.test_shop import TOKEN, Shop, _invoices, _until, databases, shop
 
 __all__ = ["databases", "shop"]  # the shop's fixtures, used here by name
 
@@ -31,8 +31,9 @@ async def test_an_orders_whole_story_is_found_from_its_order_id(
 
     await _until(shop, "o-1 invoiced", billed)
 
-    browser.delete_all_cookies()
-    browser.get(f"{shop.broker.http}/console/")  # the broker has no token: no sign-in
+    sign_in(
+        browser, shop.broker.http, token=TOKEN
+    )  # the shop's broker wants a token, as in the README
     box = browser.find_element(CSS, ".bar input[name=q]")
     box.send_keys("o-1")
     browser.find_element(CSS, ".bar button").click()
