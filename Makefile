@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 
 # Debian packages the project uses beside its Python ones: the JDBC drivers Spark reads the
 # services' tables with, Java for Spark, Chromium for the tests that look at pages, and etcd,
-# the coordination store of broker groups (docs/cluster.md; tests start their own).
-DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus docker-compose etcd-server curl jq
+# the coordination store of broker groups (docs/cluster.md; tests start their own), and iptables,
+# which cuts links between the partition tests' hosts (txbroker/chaos/netns.py).
+DEBS := libpostgresql-jdbc-java libxerial-sqlite-jdbc-java chromium chromium-driver prometheus docker-compose etcd-server curl jq iptables
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

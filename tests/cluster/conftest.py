@@ -3,6 +3,9 @@ on free loopback ports (below the ephemeral range: a restarted etcd binds them a
 data directory under ``tmp_path``, started per test that asks for it and killed at teardown,
 stopped (SIGSTOP) or not.
 
+``net`` gives a test hosts of its own, each in a Linux network namespace
+(txbroker/chaos/netns.py), for partitions that cut links rather than freeze processes.
+
 By hand the tests skip when etcd or the ``aetcd`` client is missing; with CI=true they fail
 instead (as PostgreSQL's and Chromium's fixtures do, tests/databases.py, tests/browser.py).
 """
@@ -15,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI, free_port
+from txbroker.chaos import netns
+from txbroker.chaos.netns import TestNet
 from txbroker.runtime.etcdproc import ETCD_BIN, EtcdServer
 
-__all__ = ["ETCD_BIN", "EtcdServer", "free_port"]
+__all__ = ["ETCD_BIN", "EtcdServer", "TestNet", "free_port"]
 
 
 def _require_etcd() -> None:
@@ -46,3 +51,25 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server.start()
     finally:
         server.kill()
+
+
+def _require_netns() -> None:
+    """Test hosts need root, iproute2 and iptables (``make system`` installs them): skipped by
+    hand without them, failed under CI=true, which runs as root and must run them."""
+    why = netns.unavailable()
+    if why is not None:
+        message = f"test hosts in network namespaces: {why}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def net() -> Iterator[TestNet]:
+    """A test network of this test's own (txbroker/chaos/netns.py): hosts with addresses of
+    their own on a private /24; every namespace, veth and bridge removed afterwards, whatever
+    the test did."""
+    _require_netns()
+    _require_etcd()
+    with TestNet() as n:
+        yield n

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from txbroker.chaos.netns import Host, TestNet
 from txbroker.cluster import connect_coordinator
 from txbroker.cluster.coordination import EventKind
 from txbroker.cluster.routes import BROKERS_PREFIX, BrokerInfo, Role, choose_masters
@@ -34,21 +35,35 @@ from txbroker_sdk import Client
 __all__ = ["Cluster", "Member", "NameServerProcess", "wait_for_brokers"]
 
 START_TIMEOUT_S: Final = 30.0
+# On a test host of its own a process has every port to itself: the defaults of each.
+ETCD_PORTS: Final = (2379, 2380)  # client, peer
+BROKER_PORTS: Final = (9876, 9877)  # TCP, HTTP
+NAMESERVER_PORT: Final = 9878
 
 
 class NameServerProcess:
-    """`txbroker nameserver --coordinator URL --port PORT`; ``address`` is its host:port."""
+    """`txbroker nameserver --coordinator URL --host HOST --port PORT`, started with
+    ``run_prefix`` before it; ``address`` is its host:port."""
 
-    def __init__(self, coordinator: str, log_path: Path, port: int = 0) -> None:
+    def __init__(
+        self,
+        coordinator: str,
+        log_path: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        run_prefix: tuple[str, ...] = (),
+    ) -> None:
         self.coordinator = coordinator
         self.log_path = log_path
         self.port = port
+        self.host = host
+        self.run_prefix = run_prefix
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
 
     def start(self) -> NameServerProcess:
-        cmd = [sys.executable, "-m", "txbroker.cli", "nameserver"]
-        cmd += ["--coordinator", self.coordinator, "--port", str(self.port)]
+        cmd = [*self.run_prefix, sys.executable, "-m", "txbroker.cli", "nameserver"]
+        cmd += ["--coordinator", self.coordinator, "--host", self.host, "--port", str(self.port)]
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ)
@@ -75,11 +90,13 @@ class NameServerProcess:
 
 @dataclass
 class Member:
-    """One broker of the cluster: its group, id and process (same ports at every start)."""
+    """One broker of the cluster: its group, id and process (same ports at every start), and
+    its test host in a cluster on a :class:`~txbroker.chaos.netns.TestNet`."""
 
     group: str
     broker_id: str
     proc: BrokerProcess
+    host: Host | None = None
 
     @property
     def running(self) -> bool:
@@ -89,7 +106,11 @@ class Member:
 
 class Cluster:
     """etcd, ``groups`` of ``per_group`` brokers each, one NameServer; ``extra`` is given to
-    every broker (replication mode, transaction settings...)."""
+    every broker (replication mode, transaction settings...).
+
+    On loopback by default; given ``net``, each of them runs on a host of its own
+    (``etcd``, ``nameserver`` and each broker id), listening on and advertising that host's
+    address, on the well-known ports (each host has every port to itself)."""
 
     def __init__(
         self,
@@ -99,16 +120,24 @@ class Cluster:
         per_group: int = 3,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        net: TestNet | None = None,
     ) -> None:
         self.root = root
         self.groups = groups
         self.per_group = per_group
+        self.net = net
         root.mkdir(parents=True, exist_ok=True)
-        self.etcd = EtcdServer(root / "etcd")
+        self.etcd_host = net.host("etcd") if net is not None else None
+        if self.etcd_host is None:
+            self.etcd = EtcdServer(root / "etcd")
+        else:
+            self.etcd = EtcdServer(root / "etcd", self.etcd_host.address, self.etcd_host.run_prefix)
+            self.etcd.client_port, self.etcd.peer_port = ETCD_PORTS
         self.members: list[Member] = []
         self._extra = extra
         self._env = env or {}
         self.nameserver: NameServerProcess | None = None
+        self.nameserver_host: Host | None = None
         # Every master seen registered: (group, epoch) -> broker id (who stored what).
         self.terms: dict[tuple[str, int], str] = {}
 
@@ -134,17 +163,32 @@ class Cluster:
         for group in self.groups:
             for i in range(self.per_group):
                 broker_id = f"{group}-{chr(ord('a') + i)}"
+                host = self.net.host(broker_id) if self.net is not None else None
+                if host is None:
+                    where: tuple[str, ...] = ("--host", "127.0.0.1")
+                    where += ("--port", str(free_port()), "--http-port", str(free_port()))
+                else:
+                    where = ("--host", host.address, "--port", str(BROKER_PORTS[0]))
+                    where += ("--http-port", str(BROKER_PORTS[1]))
                 proc = BrokerProcess(
                     self.root / broker_id,
-                    *("--port", str(free_port()), "--http-port", str(free_port())),
-                    *("--host", "127.0.0.1", "--group", group, "--role", "auto"),
+                    *where,
+                    *("--group", group, "--role", "auto"),
                     *("--coordinator", self.etcd.url, "--broker-id", broker_id),
                     *self._extra,
                     env=self._env,
+                    run_prefix=host.run_prefix if host is not None else (),
                 )
-                self.members.append(Member(group, broker_id, proc))
+                self.members.append(Member(group, broker_id, proc, host))
                 await asyncio.to_thread(proc.start)
-        ns = NameServerProcess(self.etcd.url, self.root / "nameserver.log", free_port())
+        log = self.root / "nameserver.log"
+        if self.net is None:
+            ns = NameServerProcess(self.etcd.url, log, free_port())
+        else:
+            self.nameserver_host = host = self.net.host("nameserver")
+            ns = NameServerProcess(
+                self.etcd.url, log, NAMESERVER_PORT, host.address, host.run_prefix
+            )
         self.nameserver = await asyncio.to_thread(ns.start)
         await self.wait_brokers(lambda bs: set(self.groups) <= set(choose_masters(bs.values())))
 

@@ -12,7 +12,7 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["READY_PREFIX", "BrokerProcess", "parse_ready", "terminate"]
@@ -47,7 +47,8 @@ class BrokerProcess:
     """`txbroker serve --data-dir DATA_DIR --port 0 --http-port 0 *extra`; stderr goes to
     ``<data_dir>.log`` beside the data directory (a file, not a pipe nobody reads: a chatty
     broker must never block on it). ``nofile`` starts it with that (soft, hard) RLIMIT_NOFILE,
-    as a system with a low open-file limit would."""
+    as a system with a low open-file limit would. ``run_prefix`` goes before the command (``ip
+    netns exec NS``: a broker on a test host of its own, txbroker/chaos/netns.py)."""
 
     def __init__(
         self,
@@ -55,8 +56,10 @@ class BrokerProcess:
         *extra: str,
         env: Mapping[str, str] | None = None,
         nofile: tuple[int, int] | None = None,
+        run_prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
+        self.run_prefix = tuple(run_prefix)
         self.extra = extra
         self.env = dict(env or {})
         self.nofile = nofile
@@ -67,6 +70,7 @@ class BrokerProcess:
 
     def start(self) -> BrokerProcess:
         cmd = [
+            *self.run_prefix,
             sys.executable,
             "-m",
             "txbroker.cli",

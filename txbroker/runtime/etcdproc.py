@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -44,10 +45,15 @@ def _die_with_parent() -> list[str]:
 
 
 class EtcdServer:
-    """One etcd member on loopback: ``url`` is what ``connect_etcd`` takes."""
+    """One etcd member on loopback, or on ``host`` (its own address in a test network, with
+    ``run_prefix`` to start it there): ``url`` is what ``connect_etcd`` takes."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(
+        self, data_dir: Path, host: str = "127.0.0.1", run_prefix: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
+        self.host = host
+        self.run_prefix = tuple(run_prefix)
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.client_port = 0
         self.peer_port = 0
@@ -55,15 +61,16 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"etcd://127.0.0.1:{self.client_port}"
+        return f"etcd://{self.host}:{self.client_port}"
 
     def start(self) -> EtcdServer:
         """Start (or start again, on the same data and ports) and wait until it answers."""
         if not self.client_port:
             self.client_port, self.peer_port = free_port(), free_port()
-        client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        client = f"http://{self.host}:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         cmd = [
+            *self.run_prefix,
             *_die_with_parent(),
             str(ETCD_BIN),
             "--name",

@@ -1,0 +1,117 @@
+"""The nemesis on real test hosts: a cut drops packets one way or both, between hosts or
+between a host and this process, and a heal lets them through again; and the history checker
+finds each anomaly it reports, on a history made up for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.cluster.conftest import TestNet
+from txbroker.chaos.history import Delivery, History, Outcome, Stored, check
+from txbroker.chaos.nemesis import Nemesis
+from txbroker.chaos.netns import Host
+
+PORT = 7000
+PROBE_S = 0.5  # a datagram on a bridge arrives in microseconds; this bounds the wait
+
+
+def _hears(receiver: Host, sender: Host) -> bool:
+    """Whether a datagram ``sender`` sends reaches ``receiver`` (either may be this process,
+    a host without a namespace)."""
+    listen = (
+        "import socket,sys;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+        f"s.bind(('{receiver.address}',{PORT}));s.settimeout({PROBE_S * 4});"
+        "print('ready',flush=True);print(s.recv(9).decode())"
+    )
+    rx = subprocess.Popen(
+        [*receiver.run_prefix, sys.executable, "-c", listen]
+        if receiver.netns
+        else [sys.executable, "-c", listen],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+    # A DROP in the sender's own OUTPUT chain refuses the datagram (EPERM): not sent either.
+    send = (
+        "import socket,contextlib;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+        "with contextlib.suppress(PermissionError):\n"
+        f" [s.sendto(b'hello',('{receiver.address}',{PORT})) for _ in range(3)]"
+    )
+    cmd = [sys.executable, "-c", send]
+    subprocess.run([*sender.run_prefix, *cmd] if sender.netns else cmd, check=True, timeout=30)
+    out, _ = rx.communicate(timeout=30)
+    return out.strip() == "hello"
+
+
+def test_cuts_drop_packets_one_way_or_both_and_heal_restores_them(net: TestNet) -> None:
+    a, b = net.host("a"), net.host("b")
+    nemesis = Nemesis(net)
+    client = nemesis.client
+    assert _hears(b, a) and _hears(a, b) and _hears(a, client)
+
+    nemesis.cut(a, b, one_way=True)
+    assert not _hears(b, a)
+    assert _hears(a, b)
+    nemesis.heal()
+    assert _hears(b, a)
+
+    nemesis.cut(client, a, one_way=True)  # the rule lands in a's namespace
+    assert not _hears(a, client)
+    assert _hears(client, a) and _hears(a, b)
+    nemesis.heal()
+
+    nemesis.isolate(a)
+    assert not _hears(a, b) and not _hears(b, a) and not _hears(client, a)
+    assert _hears(b, client)
+    nemesis.heal()
+    assert _hears(a, b) and _hears(client, a)
+    assert nemesis.cuts == []
+
+
+def test_the_checker_reports_each_anomaly() -> None:
+    history = History()
+    ops = [
+        (0, "w0-0", Outcome.OK),
+        (0, "w0-1", Outcome.OK),
+        (0, "w0-2", Outcome.OK),  # acknowledged, then not in the log: lost
+        (1, "w1-0", Outcome.UNKNOWN),
+        (1, "w1-0", Outcome.OK),  # retried, acknowledged
+        (1, "w1-1", Outcome.FAIL),  # refused every time, yet in the log: a phantom
+        (1, "w1-2", Outcome.UNKNOWN),  # never known, stored
+    ]
+    for p, w, outcome in ops:
+        history.ops.append(_op(history, p, w, outcome))
+    order = {"k0": ["w0-0", "w0-1", "w0-2"], "k1": ["w1-0", "w1-1", "w1-2"]}
+    log = [
+        Stored("w0-1", "k0", 0, 0),  # before w0-0, which its writer made first
+        Stored("w0-0", "k0", 0, 1),
+        Stored("w1-0", "k1", 1, 0),
+        Stored("w1-0", "k1", 1, 1),  # twice
+        Stored("w1-1", "k1", 1, 2),
+        Stored("w1-2", "k1", 1, 3),
+        Stored("x", "k9", 2, 0),  # nobody wrote it
+    ]
+    deliveries = [
+        Delivery("w0-0", 0),
+        Delivery("w0-0", 0),
+        Delivery("w0-1", 0),
+        Delivery("w0-1", 1),
+        Delivery("w0-2", 0),  # read, then gone from the log
+    ]
+    r = check(history, log, deliveries, order)
+    assert (r.writes, r.attempts, r.acknowledged, r.unknown, r.unknown_stored) == (6, 7, 4, 1, 1)
+    assert r.lost == ["w0-2"]
+    assert r.duplicated == ["w1-0"]
+    assert r.out_of_order == ["w0-0 after w0-1"]
+    assert r.phantoms == ["w1-1", "x"]
+    assert r.delivered_twice == ["w0-0"]  # w0-1's second delivery came from a nack
+    assert r.vanished == ["w0-2"]
+    assert r.anomalies == 6
+
+
+def _op(history: History, p: int, w: str, outcome: Outcome):  # type: ignore[no-untyped-def]
+    from txbroker.chaos.history import Op
+
+    return Op(p, w, history.now(), history.now(), outcome, "" if outcome is Outcome.OK else "E")

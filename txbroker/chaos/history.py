@@ -1,0 +1,201 @@
+"""A history of client operations and its checker, for the partition scenarios.
+
+Every attempt of a write is recorded as an :class:`Op`: when it was invoked, when it completed
+and how: ``ok`` (acknowledged), ``fail`` (refused before anything was stored: NotMaster, no
+route, nothing reachable) or ``unknown`` (a timeout, a connection lost mid-way, too few slaves
+in time: it may or may not be stored). After the partition is healed, :func:`check` compares the
+history with what the group's master holds (every message read back by a fresh consumer group)
+and what a consumer group read during the run, and reports:
+
+- **lost**: acknowledged writes not in the log (must be 0 with sync replication);
+- **duplicated**: writes in the log more than once (each write carries an idempotency key);
+- **delivered twice**: writes one consumer group received twice with no nack behind it;
+- **out of order**: per ordering key, a write in the log before one its writer made earlier
+  (a writer sends its key's writes one after another, each acknowledged before the next);
+- **phantoms**: messages in the log no client ever wrote, or whose every attempt was refused;
+- **vanished**: writes a consumer received that the log no longer holds;
+- **unavailable windows**: gaps between acknowledgements longer than ``UNAVAILABLE_MIN_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from txbroker.errors import InvalidArgument, NotFound, NotMaster, TxbError
+from txbroker_sdk.errors import BrokerUnreachable
+
+__all__ = ["Delivery", "History", "Op", "Outcome", "Report", "Stored", "check"]
+
+# A gap between two acknowledgements longer than this counts as unavailability: writers send
+# one after another with a round trip of about a millisecond here, so a healthy group acknowledges
+# many times within it.
+UNAVAILABLE_MIN_S: Final = 0.5
+# Refused before anything was appended: retrying these cannot duplicate and did not store.
+_DEFINITE: Final = (NotMaster, NotFound, InvalidArgument, BrokerUnreachable)
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+
+
+@dataclass(slots=True)
+class Op:
+    """One attempt of the write ``write_id`` (seconds since the history began)."""
+
+    process: int
+    write_id: str
+    invoke_s: float
+    complete_s: float = 0.0
+    outcome: Outcome | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A message as the log holds it: its write and where."""
+
+    write_id: str
+    ordering_key: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    write_id: str
+    reconsume_count: int
+
+
+def outcome_of(e: BaseException) -> Outcome:
+    return Outcome.FAIL if isinstance(e, _DEFINITE) else Outcome.UNKNOWN
+
+
+class History:
+    """The operations of a run, in the order they were invoked."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    @contextlib.asynccontextmanager
+    async def op(self, process: int, write_id: str) -> AsyncIterator[Op]:
+        """Record the block as one attempt: ``ok`` if it returns, else the error's outcome
+        (swallowed; read ``op.outcome``). Errors other than the broker's and timeouts pass."""
+        op = Op(process, write_id, self.now())
+        self.ops.append(op)
+        try:
+            yield op
+        except (TxbError, TimeoutError) as e:
+            op.outcome, op.error = outcome_of(e), type(e).__name__
+        else:
+            op.outcome = Outcome.OK
+        finally:
+            op.complete_s = self.now()
+            if op.outcome is None:  # something else ended the block: nobody knows
+                op.outcome = Outcome.UNKNOWN
+
+
+@dataclass
+class Report:
+    writes: int = 0  # distinct writes invoked
+    attempts: int = 0
+    acknowledged: int = 0
+    unknown: int = 0  # never acknowledged, at least one attempt of unknown outcome
+    unknown_stored: int = 0  # of those, found in the log
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    delivered_twice: list[str] = field(default_factory=list)
+    out_of_order: list[str] = field(default_factory=list)
+    phantoms: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+    unavailable_s: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def anomalies(self) -> int:
+        """What must be 0 with sync replication (everything but unavailability and the
+        at-least-once redeliveries)."""
+        return sum(
+            len(x) for x in (self.lost, self.duplicated, self.out_of_order, self.phantoms)
+        ) + len(self.vanished)
+
+    def summary(self) -> str:
+        windows = sorted(self.unavailable_s)
+        longest = f"{windows[-1]:.2f}" if windows else "0"
+        median = f"{windows[len(windows) // 2]:.2f}" if windows else "0"
+        return (
+            f"{self.writes} writes ({self.attempts} attempts), {self.acknowledged} acknowledged, "
+            f"{self.unknown} unknown ({self.unknown_stored} stored), lost {len(self.lost)}, "
+            f"duplicated {len(self.duplicated)}, delivered twice {len(self.delivered_twice)}, "
+            f"out of order {len(self.out_of_order)}, phantoms {len(self.phantoms)}, vanished "
+            f"{len(self.vanished)}; unavailable {len(windows)} windows, p50 {median} s, max "
+            f"{longest} s; errors {dict(self.errors)}"
+        )
+
+
+def check(
+    history: History,
+    log: Iterable[Stored],
+    deliveries: Iterable[Delivery],
+    order: dict[str, list[str]],
+) -> Report:
+    """The report of a healed run. ``order`` is each ordering key's writes in the order their
+    writer made them."""
+    r = Report()
+    by_write: dict[str, list[Op]] = {}
+    for op in history.ops:
+        by_write.setdefault(op.write_id, []).append(op)
+        if op.error:
+            r.errors[op.error] += 1
+    r.writes, r.attempts = len(by_write), len(history.ops)
+    acked = {w for w, ops in by_write.items() if any(o.outcome is Outcome.OK for o in ops)}
+    refused = {w for w, ops in by_write.items() if all(o.outcome is Outcome.FAIL for o in ops)}
+    unknown = set(by_write) - acked - refused
+    r.acknowledged, r.unknown = len(acked), len(unknown)
+
+    stored = sorted(log, key=lambda s: (s.queue_id, s.queue_offset))
+    in_log = Counter(s.write_id for s in stored)
+    r.lost = sorted(acked - set(in_log))
+    r.duplicated = sorted(w for w, n in in_log.items() if n > 1)
+    r.phantoms = sorted(w for w in in_log if w not in by_write or w in refused)
+    r.unknown_stored = len(unknown & set(in_log))
+
+    rank = {w: i for writes in order.values() for i, w in enumerate(writes)}
+    last: dict[str, tuple[int, str]] = {}
+    for s in stored:
+        i = rank.get(s.write_id)
+        if i is None:
+            continue
+        prev = last.get(s.ordering_key)
+        if prev is not None and i < prev[0]:
+            r.out_of_order.append(f"{s.write_id} after {prev[1]}")
+        if prev is None or i > prev[0]:
+            last[s.ordering_key] = (i, s.write_id)
+
+    seen: Counter[str] = Counter()
+    vanished = set()
+    for d in deliveries:
+        if d.reconsume_count == 0:
+            seen[d.write_id] += 1
+        if d.write_id not in in_log:
+            vanished.add(d.write_id)
+    r.delivered_twice = sorted(w for w, n in seen.items() if n > 1)
+    r.vanished = sorted(vanished)
+
+    oks = sorted(o.complete_s for o in history.ops if o.outcome is Outcome.OK)
+    r.unavailable_s = [
+        round(b - a, 3) for a, b in itertools.pairwise(oks) if b - a > UNAVAILABLE_MIN_S
+    ]
+    return r
