@@ -231,7 +231,7 @@ class BrokerServer:
         )
         if elects:
             assert slaves is not None
-            self.failover = self._failover(slaves, notifier)
+            self.failover = self._failover(slaves, notifier, deletion)
             self.failover.start()
         elif slaves is not None:
             self.replicas = slaves.begin()
@@ -329,6 +329,7 @@ class BrokerServer:
             self.replicator = Replicator(
                 self.store,
                 self.topics,
+                deletion,
                 slave,
                 replica_name(cfg.data_dir / "meta"),
                 notifier.notify,
@@ -354,7 +355,9 @@ class BrokerServer:
                     "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
                 )
 
-    def _failover(self, slaves: ReplicationMaster, notifier: Notifier) -> Failover:
+    def _failover(
+        self, slaves: ReplicationMaster, notifier: Notifier, deletion: TopicDeletion
+    ) -> Failover:
         cfg = self.config
         assert self.store and self.tx and self.checker and self.scheduler and self._halves
         duties = MasterDuties(
@@ -374,6 +377,7 @@ class BrokerServer:
             return Replicator(
                 store,
                 topics,
+                deletion,
                 master,
                 name,
                 notifier.notify,
