@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.cluster.conftest import _require_etcd
@@ -21,6 +22,7 @@ from tests.cluster.logs import wait_keys
 from tests.tx.conftest import FAST, GROUP, SECRET, CheckServer, check_server
 from txbroker.chaos.cluster import Cluster, Member
 from txbroker.cluster.routes import Role
+from txbroker.errors import NotFound
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import GroupsRequest
 from txbroker.server.failover import DIVERGENT_DIR
@@ -259,3 +261,33 @@ async def test_an_acknowledged_topic_creation_survives_the_failover(sync3_all: C
     async with Client(new.address, timeout_s=5) as direct:
         # (A send would wait for 2 slaves: one is left.)
         assert (await direct.describe_topic("payments")).queues == 2
+
+
+async def test_an_acknowledged_topic_deletion_survives_the_failover(sync3_all: Cluster) -> None:
+    """A deleted topic is gone from the slaves once its deletion is acknowledged, as a write
+    is: the master is killed the moment the answer came; the elected slave serves no such
+    topic, dropped its queue files, and holds the master's fence (a topic created again
+    numbers its queues on from where the deleted one ended)."""
+    cluster = sync3_all
+    old = await _master(cluster)
+    assert old.proc.proc is not None
+    async with Client(old.proc.url, timeout_s=10) as c:
+        for i in range(5):
+            await c.send(TOPIC, b"m", key=f"m{i}")
+        await c.delete_topic(TOPIC)
+        os.kill(old.proc.proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(old.proc.kill)  # reaped
+    new = await cluster.wait_master("g1", other_than=old.broker_id)
+    async with Client(new.address, timeout_s=5) as direct:
+        with pytest.raises(NotFound):
+            await direct.describe_topic(TOPIC)
+        assert TOPIC not in {t.topic for t in await direct.list_topics()}
+    for m in cluster.members:
+        if m.broker_id == old.broker_id:
+            continue
+        data = m.proc.data_dir
+        assert not (data / "consumequeue" / TOPIC).exists(), m.broker_id
+        saved = msgspec.json.decode((data / "meta" / "topics.json").read_bytes())
+        assert TOPIC not in {t["name"] for t in saved["topics"]}, m.broker_id
+        fence = saved["deleted"][TOPIC]
+        assert fence["phys"] > 0 and sum(fence["ends"].values()) == 5, m.broker_id

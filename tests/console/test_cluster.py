@@ -31,6 +31,15 @@ def _rows(browser: Any, table: int) -> list[list[str]]:
     return [[td.text for td in tr.find_elements(CSS, "td")] for tr in rows]
 
 
+async def _ranges(http: httpx.AsyncClient, etcd_url: str) -> int:
+    """How many Range requests (reads) etcd has served, from its own metrics."""
+    answer = await http.get(etcd_url.replace("etcd://", "http://") + "/metrics")
+    for line in answer.text.splitlines():
+        if line.startswith("grpc_server_started_total{") and 'grpc_method="Range"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("etcd's metrics count no Range request")
+
+
 async def test_the_cluster_page_shows_the_group_its_brokers_their_lag_and_a_hung_etcd(
     browser: Any, tmp_path: Path, shots: Any
 ) -> None:
@@ -83,6 +92,17 @@ async def test_the_cluster_page_shows_the_group_its_brokers_their_lag_and_a_hung
         [route] = _rows(browser, 2)
         assert route[:2] == ["orders", "4"] and route[2] == "g1 0-3", route
         shots(browser, "cluster")
+
+        # The page reads through the broker's own etcd session: a view is its three listings
+        # (brokers, elections, routes), with no session opened (which reads /txb/ first).
+        views = 5
+        async with httpx.AsyncClient(timeout=30) as http:
+            before = await _ranges(http, cluster.etcd.url)
+            for _ in range(views):
+                answer = await http.get(page)
+                assert answer.status_code == 200 and master in answer.text
+            ranges = await _ranges(http, cluster.etcd.url) - before
+        assert 3 * views <= ranges < 4 * views, ranges
 
         # etcd hung (SIGSTOP: its sockets open, nothing answering): the page says so, in time.
         cluster.etcd.pause()

@@ -31,6 +31,7 @@ __all__ = [
     "TopicRoute",
     "broker_key",
     "choose_masters",
+    "is_former_master",
     "master_key",
     "read_route",
     "replace_route",
@@ -241,12 +242,29 @@ def _describe(route: TopicRoute) -> str:
     return ", ".join(f"{s.group}: {list(s.queues)}" for s in route.shares)
 
 
-def choose_masters(brokers: Iterable[BrokerInfo]) -> Mapping[str, BrokerInfo]:
+def is_former_master(broker: BrokerInfo, elections: Mapping[str, int]) -> bool:
+    """Whether ``broker`` is registered as an elected master (epoch > 0) whose term is over:
+    its group's election key (``elections``: group -> the key's create revision, the current
+    term's epoch) is gone or names a later term. A killed master's registration lingers until
+    its lease ends (10 s), well after its successor is elected (3 s)."""
+    return (
+        broker.role is Role.MASTER
+        and broker.epoch > 0
+        and elections.get(broker.group) != (broker.epoch)
+    )
+
+
+def choose_masters(
+    brokers: Iterable[BrokerInfo], elections: Mapping[str, int] | None = None
+) -> Mapping[str, BrokerInfo]:
     """Each group's master among its registered brokers: the one registered as master (of the
-    highest epoch, should an old master's registration linger until its lease ends)."""
+    highest epoch, should an old master's registration linger until its lease ends). With
+    ``elections`` (see :func:`is_former_master`), a former master is none, even alone."""
     masters: dict[str, BrokerInfo] = {}
     for b in brokers:
         if b.role is not Role.MASTER:
+            continue
+        if elections is not None and is_former_master(b, elections):
             continue
         current = masters.get(b.group)
         if current is None or (b.epoch, b.broker_id) > (current.epoch, current.broker_id):

@@ -4,12 +4,16 @@ election key's holder where a group elects; the topic routes (docs/cluster.md).
 
 The offsets are what each broker last registered (rewritten about every second), so a slave's
 lag is the bytes of commit log between its flushed offset and its master's at their last
-registrations: a figure to watch trend, exact only when traffic stops.
+registrations: a figure to watch trend, exact only when traffic stops. An elected master
+whose term is over (its group elected another, or none holds the election) shows as a
+"former master" until its registration goes: a group shows one master from its successor's
+election on.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Final
 
 from txbroker.cluster.coordination import Coordinator
 from txbroker.cluster.routes import (
@@ -20,9 +24,22 @@ from txbroker.cluster.routes import (
     Role,
     TopicRoute,
     choose_masters,
+    is_former_master,
 )
 
-__all__ = ["BrokerStatus", "ClusterStatus", "GroupStatus", "queue_span", "read_status"]
+__all__ = [
+    "FORMER_MASTER",
+    "BrokerStatus",
+    "ClusterStatus",
+    "GroupStatus",
+    "queue_span",
+    "read_status",
+]
+
+
+# The role shown for an elected master whose term is over while its registration lingers
+# (``routes.is_former_master``): a killed master's, until its lease ends.
+FORMER_MASTER: Final = "former master"
 
 
 def queue_span(queues: tuple[int, ...]) -> str:
@@ -83,7 +100,14 @@ async def read_status(coordinator: Coordinator) -> ClusterStatus:
     elections = await coordinator.list_prefix(GROUPS_PREFIX)
     routes = await coordinator.list_prefix(TOPICS_PREFIX)
     infos = [(BrokerInfo.from_json(kv.value), kv.lease_id) for kv in registered.items]
-    masters = choose_masters(info for info, _ in infos)
+    elected: dict[str, tuple[str, str]] = {}
+    terms: dict[str, int] = {}  # group -> the current term's epoch
+    for kv in elections.items:
+        group, _, leaf = kv.key[len(GROUPS_PREFIX) :].partition("/")
+        if leaf == "master":
+            elected[group] = (BrokerInfo.from_json(kv.value).broker_id, f"{kv.lease_id:x}")
+            terms[group] = kv.create_revision
+    masters = choose_masters((info for info, _ in infos), terms)
     brokers = []
     for info, lease_id in sorted(infos, key=lambda x: (x[0].group, x[0].broker_id)):
         master = masters.get(info.group)
@@ -92,7 +116,7 @@ async def read_status(coordinator: Coordinator) -> ClusterStatus:
             BrokerStatus(
                 info.group,
                 info.broker_id,
-                info.role.value,
+                FORMER_MASTER if is_former_master(info, terms) else info.role.value,
                 info.address,
                 info.http,
                 info.flushed_offset,
@@ -101,11 +125,6 @@ async def read_status(coordinator: Coordinator) -> ClusterStatus:
                 f"{lease_id:x}",
             )
         )
-    elected: dict[str, tuple[str, str]] = {}
-    for kv in elections.items:
-        group, _, leaf = kv.key[len(GROUPS_PREFIX) :].partition("/")
-        if leaf == "master":
-            elected[group] = (BrokerInfo.from_json(kv.value).broker_id, f"{kv.lease_id:x}")
     groups = []
     for name in sorted({b.group for b in brokers} | set(elected)):
         mine = [b for b in brokers if b.group == name]

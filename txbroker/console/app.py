@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from txbroker.cluster import Coordinator
 from txbroker.console.context import PREFIX, ClusterLink, Context, Deps, Settings
 from txbroker.console.views import (
     cluster,
@@ -111,7 +112,11 @@ def console_routes(server: BrokerServer) -> list[BaseRoute]:
             membership = server.membership
             return membership.settings.broker_id if membership is not None else cfg.broker_id
 
-        link = ClusterLink(cfg.coordinator, cfg.group, broker_id)
+        def session() -> Coordinator | None:
+            membership = server.membership
+            return membership.coordinator if membership is not None else None
+
+        link = ClusterLink(cfg.coordinator, cfg.group, broker_id, session)
     deps = Deps(
         server.store,
         server.topics,

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from txbroker import __version__
+from txbroker.cluster import Coordinator
 from txbroker.console import guard
 from txbroker.console.render import templates
 from txbroker.console.session import COOKIE, FLASH_COOKIE, SESSION_TTL_S, Session, Sessions
@@ -63,11 +64,14 @@ class Settings:
 @dataclass(frozen=True, slots=True)
 class ClusterLink:
     """Where this broker's group is registered (``--coordinator``, ``--group``) and which broker
-    it is there: the id is known once it registered (by default it is derived from the port)."""
+    it is there: the id is known once it registered (by default it is derived from the port).
+    ``session``: the broker's own etcd session (its membership's), None while it is not
+    registered; the Cluster page reads through it rather than connecting per view."""
 
     coordinator: str  # etcd://host:port[,...]
     group: str
     broker_id: Callable[[], str | None]
+    session: Callable[[], Coordinator | None]
 
 
 @dataclass(frozen=True, slots=True)

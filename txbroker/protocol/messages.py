@@ -16,6 +16,7 @@ from txbroker.protocol.frames import Opcode
 
 __all__ = [
     "AckRequest",
+    "DeletedTopic",
     "ErrorBody",
     "GroupInfo",
     "GroupRoute",
@@ -352,6 +353,15 @@ class ReplFetchRequest(msgspec.Struct, frozen=True):
     topics_version: int = -1
 
 
+class DeletedTopic(msgspec.Struct, frozen=True):
+    """A deleted topic's fence as a master keeps it (``txbroker.store.fences.TopicFence``):
+    its records before log offset ``phys`` are dead; ``ends``: queue id -> the offset a
+    queue of that name created again starts at."""
+
+    phys: int
+    ends: dict[int, int] = msgspec.field(default_factory=dict)
+
+
 class ReplFetchResponse(msgspec.Struct, frozen=True):
     """Raw commit-log bytes [offset, offset + len(data)), whole records, all flushed on the
     master. ``next_offset`` is where the next fetch starts: past ``data``, or the next
@@ -375,6 +385,10 @@ class ReplFetchResponse(msgspec.Struct, frozen=True):
     # The master's topic registry version (bumped by every creation and deletion): a slave
     # that copied another one copies the topics before it writes ``data``. -1: an older master.
     topics_version: int = -1
+    # With a ``topics_version`` other than the one the slave said it holds: the fences of the
+    # master's deleted topics (topic -> fence), which the slave deletes and fences alike.
+    # None: the slave is up to date, or an older master.
+    deleted: dict[str, DeletedTopic] | None = None
 
 
 class RouteRequest(msgspec.Struct, frozen=True):

@@ -234,7 +234,7 @@ class BrokerServer:
         )
         if elects:
             assert slaves is not None
-            self.failover = self._failover(slaves, notifier)
+            self.failover = self._failover(slaves, notifier, deletion)
             self.failover.start()
         elif slaves is not None:
             self.replicas = slaves.begin()
@@ -332,6 +332,7 @@ class BrokerServer:
             self.replicator = Replicator(
                 self.store,
                 self.topics,
+                deletion,
                 slave,
                 replica_name(cfg.data_dir / "meta"),
                 notifier.notify,
@@ -357,7 +358,9 @@ class BrokerServer:
                     "%s: %s://%s:%d%s", route.name, scheme, cfg.host, self.http_port, route.path
                 )
 
-    def _failover(self, slaves: ReplicationMaster, notifier: Notifier) -> Failover:
+    def _failover(
+        self, slaves: ReplicationMaster, notifier: Notifier, deletion: TopicDeletion
+    ) -> Failover:
         cfg = self.config
         assert self.store and self.tx and self.checker and self.scheduler and self._halves
         duties = MasterDuties(
@@ -377,6 +380,7 @@ class BrokerServer:
             return Replicator(
                 store,
                 topics,
+                deletion,
                 master,
                 name,
                 notifier.notify,

@@ -19,7 +19,7 @@ from txbroker.protocol.messages import TxEndResponse
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.longpoll import Notifier
 from txbroker.server.topics import Topic, TopicRegistry
-from txbroker.store import MessageStore
+from txbroker.store import MessageStore, TopicFence
 from txbroker.tx.coordinator import TxCoordinator
 from txbroker.tx.state import Decision, Resolver
 
@@ -52,11 +52,7 @@ class TopicDeletion:
         self._topics.deletable(name)
         fence = self._store.fence_for(name)
         topic = self._topics.delete(name, fence)  # the point of no return
-        freed = self._store.drop_topic(name, fence)
-        self._groups.drop_topic(name)
-        if self._notifier is not None:
-            for q in set(range(topic.queues)) | set(fence.ends):
-                self._notifier.notify(name, q)
+        freed = self._drop(name, topic, fence)
         rolled_back = await _roll_back_topic(self._tx, name) if self._tx is not None else 0
         await self._groups.snapshot.save_async()
         self.forget_fences()
@@ -69,6 +65,32 @@ class TopicDeletion:
             rolled_back,
         )
         return topic
+
+    async def follow(self, name: str, fence: TopicFence) -> None:
+        """A slave takes its master's deletion of ``name`` with the master's ``fence`` (the
+        logs are the same bytes at the same offsets, so it fences the same records). Open
+        transactions are not rolled back here: the master's rollbacks come in its log."""
+        topic = self._topics.follow_deletion(name, fence)  # the point of no return
+        freed = self._drop(name, topic, fence)
+        await self._groups.snapshot.save_async()
+        log.info(
+            "topic %s deleted on the master: records before log offset %d fenced here, %d "
+            "bytes of queue files freed",
+            name,
+            fence.phys,
+            freed,
+        )
+
+    def _drop(self, name: str, topic: Topic | None, fence: TopicFence) -> int:
+        """After the fence is persisted: the store's queues, the groups' offsets and held
+        pulls of the topic go; returns the bytes freed. Nothing here yields the event loop."""
+        freed = self._store.drop_topic(name, fence)
+        self._groups.drop_topic(name)
+        if self._notifier is not None:
+            queues = set(range(topic.queues)) if topic is not None else set()
+            for q in queues | set(fence.ends):
+                self._notifier.notify(name, q)
+        return freed
 
     def forget_fences(self) -> None:
         """Drop fences retention has made useless (no dead record left in the log and no topic

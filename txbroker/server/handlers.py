@@ -79,8 +79,16 @@ def build_handlers(
         replicated = slaves.topics_replicated() if slaves is not None else None
         return info if replicated is None else Deferred(replicated, info)
 
+    async def delete_replicated(name: str) -> Empty:
+        await deletion.delete(name)
+        # Acknowledged as a creation is: with sync replication, once the slaves deleted it.
+        replicated = slaves.topics_replicated() if slaves is not None else None
+        if replicated is not None:
+            await replicated
+        return Empty()
+
     def topic_delete(req: TopicName) -> Deferred:
-        return later(_empty(deletion.delete(req.topic)))
+        return later(delete_replicated(req.topic))
 
     def topic_list(_: Any) -> list[TopicInfo]:
         return [admin.topic_info(t) for t in topics.list()]

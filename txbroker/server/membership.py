@@ -114,6 +114,12 @@ class Membership:
         self._election: Election | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def coordinator(self) -> Coordinator | None:
+        """The etcd session this broker registered with, None before :meth:`start` and after
+        :meth:`stop`: one connection per broker, which its console's Cluster page reads too."""
+        return self._coordinator
+
     def info(self) -> BrokerInfo:
         s = self.settings
         return BrokerInfo(
@@ -260,5 +266,6 @@ class Membership:
                 with contextlib.suppress(CoordinationError):
                     await self._registration.stop()
         finally:
-            if self._coordinator is not None:
-                await self._coordinator.close()
+            coordinator, self._coordinator = self._coordinator, None
+            if coordinator is not None:
+                await coordinator.close()

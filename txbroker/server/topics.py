@@ -136,6 +136,16 @@ class TopicRegistry:
         self._commit({k: v for k, v in self._topics.items() if k != name}, fences, changed=True)
         return topic
 
+    def follow_deletion(self, name: str, fence: TopicFence) -> Topic | None:
+        """A slave takes its master's deletion of ``name``: without the topic (the one it
+        held, if any; returned) and with the master's ``fence``, in one durable write."""
+        topic = self._topics.get(name)
+        assert topic is None or not topic.system, "a master never deletes a system topic"
+        earlier = self._fences.get(name)
+        fences = {**self._fences, name: earlier.merge(fence) if earlier is not None else fence}
+        self._commit({k: v for k, v in self._topics.items() if k != name}, fences, changed=True)
+        return topic
+
     def adopt_fences(self, fences: dict[str, TopicFence]) -> None:
         """Persist the store's fences when they differ (``Fences.clamp`` at open): before the
         broker appends anything."""

@@ -3,9 +3,10 @@
 slowest slave's lag; every broker's role, address, flushed offset, lag, epoch and lease; the
 topic routes; and which of those brokers this console belongs to.
 
-etcd is asked on every view, within ``STATUS_TIMEOUT_S``: a console whose etcd is down or hung
-says so on the page (as an answer, not an error: the broker itself still serves) instead of
-waiting on it. A broker of no group says it is none and how to make it one.
+etcd is asked on every view, through the broker's own etcd session (its membership's: one
+connection per broker, however many views), within ``STATUS_TIMEOUT_S``: a console whose etcd
+is down or hung says so on the page (as an answer, not an error: the broker itself still
+serves) instead of waiting on it. A broker of no group says it is none and how to make it one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from txbroker.cluster import connect_coordinator
+from txbroker.cluster import Coordinator
 from txbroker.cluster.status import BrokerStatus, ClusterStatus, queue_span, read_status
 from txbroker.console.context import Context
 from txbroker.errors import CoordinationError
@@ -30,11 +31,9 @@ __all__ = ["STATUS_TIMEOUT_S", "routes"]
 log = logging.getLogger(__name__)
 
 # etcd answers a listing in milliseconds; a page that waits longer than this for it would only
-# keep the operator from seeing that etcd is in trouble. The connection gets the coordinator's
-# usual request timeout (2 s), leaving a second for the three listings.
-CONNECT_TIMEOUT_S: Final = 2.0
+# keep the operator from seeing that etcd is in trouble. Each listing is bounded by the
+# session's request timeout (2 s) too.
 STATUS_TIMEOUT_S: Final = 3.0
-assert CONNECT_TIMEOUT_S < STATUS_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +43,9 @@ class RouteRow:
     shares: tuple[tuple[str, str], ...]  # (group, its queues as "0-3" or "0,2,5")
 
 
-async def read(url: str) -> ClusterStatus:
+async def read(coordinator: Coordinator) -> ClusterStatus:
     async with asyncio.timeout(STATUS_TIMEOUT_S):
-        async with await connect_coordinator(
-            url, request_timeout_s=CONNECT_TIMEOUT_S
-        ) as coordinator:
-            return await read_status(coordinator)
+        return await read_status(coordinator)
 
 
 def routes(ctx: Context) -> list[Route]:
@@ -62,8 +58,11 @@ def routes(ctx: Context) -> list[Route]:
         me = link.broker_id()
         status: ClusterStatus | None = None
         problem = None
+        session = link.session()
         try:
-            status = await read(link.coordinator)
+            if session is None:  # the membership starts after the HTTP server
+                raise CoordinationError("this broker has not registered in etcd yet")
+            status = await read(session)
         except TimeoutError:
             problem = f"no answer within {STATUS_TIMEOUT_S:g} s"
         except CoordinationError as e:

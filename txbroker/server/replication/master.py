@@ -7,9 +7,10 @@ gate: a write's answer waits until N slaves reported the log flushed past it, or
 ``REPLICATION_TIMEOUT``. With ``async`` writes are answered after the master's own flush.
 
 Topics are not in the log: each answer carries the master's topics version, and the slave
-copies the topics before writing the answer's records when it copied another version last.
-With sync replication a topic creation is answered, as a write is, once N slaves said (in a
-fetch) that they hold the new version.
+copies the topics before writing the answer's records when it copied another version last;
+such an answer also carries the fences of the deleted topics, which the slave deletes too.
+With sync replication a topic creation or deletion is answered, as a write is, once N slaves
+said (in a fetch) that they hold the new version.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from txbroker.errors import NotMaster, ReplicationTimeout
-from txbroker.protocol.messages import ReplFetchRequest, ReplFetchResponse
+from txbroker.protocol.messages import DeletedTopic, ReplFetchRequest, ReplFetchResponse
 from txbroker.server.connection import Deferred, later
 from txbroker.server.replication import ReplicationSettings
 from txbroker.server.replication.epochs import EpochHistory
@@ -346,6 +347,12 @@ class ReplicationMaster:
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         data, nxt = store.read_replicated(req.from_offset, max_bytes)
         offsets = self._offsets
+        version = self._topics.version
+        deleted = None
+        if 0 <= req.topics_version != version:  # the slave copies the topics with this answer
+            deleted = {
+                name: DeletedTopic(f.phys, f.ends) for name, f in self._topics.fences.items()
+            }
         return ReplFetchResponse(
             req.from_offset,
             data,
@@ -354,5 +361,6 @@ class ReplicationMaster:
             list(history),
             offsets=offsets() if req.with_offsets and offsets is not None else None,
             master_covered=tracker.covered,
-            topics_version=self._topics.version,
+            topics_version=version,
+            deleted=deleted,
         )

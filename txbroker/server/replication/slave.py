@@ -3,11 +3,11 @@
 One task, one connection to the master, one request at a time: REPL_FETCH from the end of the
 local log (reporting the local flushed offset), write the answer verbatim at the same offsets
 (``MessageStore.append_replicated``), fdatasync, wake long polls on the queues that grew. The
-master's topics are copied before an answer's records are written when the answer's topics
-version is not the one copied last (the next fetch says which one this slave holds: a sync
-master's topic creation waits for that). A lost connection is retried with a bounded
-backoff. It speaks the wire protocol through ``txbroker.protocol`` directly: the broker may not
-import the SDK.
+master's topics are copied (its deletions too, with its fences) before an answer's records
+are written when the answer's topics version is not the one copied last (the next fetch
+says which one this slave holds: a sync master's topic creation or deletion waits for that).
+A lost connection is retried with a bounded backoff. It speaks the wire protocol through
+``txbroker.protocol`` directly: the broker may not import the SDK.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from txbroker.errors import InvalidArgument, ProtocolError, TopicExists, TxbErro
 from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import (
+    DeletedTopic,
     Empty,
     Hello,
     ReplFetchRequest,
@@ -34,9 +35,10 @@ from txbroker.protocol.messages import (
     decode_response,
     encode_body,
 )
+from txbroker.server.deletion import TopicDeletion
 from txbroker.server.replication.epochs import EpochHistory
 from txbroker.server.topics import TopicRegistry
-from txbroker.store import MessageStore
+from txbroker.store import MessageStore, TopicFence
 
 __all__ = ["Replicator", "replica_name"]
 
@@ -130,6 +132,7 @@ class Replicator:
         self,
         store: MessageStore,
         topics: TopicRegistry,
+        deletion: TopicDeletion,
         master: str,
         name: str,
         notify: Callable[[str, int], None],
@@ -141,6 +144,7 @@ class Replicator:
     ) -> None:
         self._store = store
         self._topics = topics
+        self._deletion = deletion
         self.master = master
         self._addr = _address(master)
         self.name = name
@@ -243,7 +247,7 @@ class Replicator:
                 if (version != copied and not older) or (
                     older and time.monotonic() - topics_at > TOPICS_REFRESH_S
                 ):
-                    await self._copy_topics(link)
+                    await self._copy_topics(link, resp.deleted)
                     copied, topics_at = version, time.monotonic()
                 if with_offsets:
                     offsets_at = time.monotonic()
@@ -261,8 +265,18 @@ class Replicator:
             self.connected = False
             await link.close()
 
-    async def _copy_topics(self, link: _Link) -> None:
-        """Create here the master's topics this slave lacks (consumers pull them by name)."""
+    async def _copy_topics(
+        self, link: _Link, deleted: dict[str, DeletedTopic] | None = None
+    ) -> None:
+        """Delete here what the master deleted (``deleted``: its fences) and create the
+        master's topics this slave lacks (consumers pull them by name)."""
+        held = self._topics.fences
+        for name, d in sorted((deleted or {}).items()):
+            mine = held.get(name)
+            # A fence this slave holds as far is that deletion, taken before (or one of its
+            # own, at the same point of the same log); a later one is a deletion since.
+            if mine is None or d.phys > mine.phys:
+                await self._deletion.follow(name, TopicFence(d.phys, d.ends))
         listed: list[TopicInfo] = await link.call(Opcode.TOPIC_LIST, Empty(), ANSWER_MARGIN_S)
         for t in listed:
             if self._topics.exists(t.topic):
