@@ -3,6 +3,9 @@
     async with await Client.connect("txbns://10.0.0.1:9878,10.0.0.2:9878") as client:
         await client.send("orders", b"...", key="order-42")
 
+``txbnss://`` reaches NameServers over TLS. The token and the TLS files go to every connection:
+the NameServers and each group's brokers (TLS files to those at ``txbs://`` addresses).
+
 A :class:`ClusterClient` is a ``Client`` whose requests are routed: each to the master of the
 group holding the queue it picks, with routes from any NameServer that answers, kept for
 ``refresh_s`` and fetched again after a routing error. The operator requests (topic listing and
@@ -31,6 +34,7 @@ from txbroker.errors import (
     NotMaster,
     TopicExists,
     TransactionNotFound,
+    Unauthenticated,
 )
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
@@ -49,7 +53,7 @@ from txbroker.protocol.messages import (
 from txbroker_sdk.client import Client
 from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed
-from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url
+from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url, uses_tls
 
 __all__ = ["ROUTE_REFRESH_S", "ClusterClient", "Route", "client_for"]
 
@@ -119,7 +123,10 @@ class ClusterClient(Client):
     """A :class:`Client` over broker groups, through NameServers.
     Made by ``Client.connect("txbns://...")``, or ``ClusterClient("txbns://...")`` to connect
     on first use (:func:`client_for` for either kind of URL); the options are those of
-    ``Client`` and apply to every connection it opens, plus ``refresh_s``.
+    ``Client`` and apply to every connection it opens, plus ``refresh_s``: the token to the
+    NameServers and brokers, the TLS files to those that serve TLS (NameServers at
+    ``txbnss://``, brokers that registered a ``txbs://`` address), so TLS brokers behind plain
+    ``txbns://`` NameServers work too.
 
     A send picks the topic's queue as a single broker does (the key's CRC32C modulo the topic's
     queues over all groups, else round-robin), finds the group holding that queue in the topic's
@@ -155,7 +162,8 @@ class ClusterClient(Client):
     ) -> None:
         nameservers = parse_nameserver_url(url)
         # The base connection is never dialed: every request goes to a NameServer or a broker.
-        super().__init__(nameservers[0], timeout_s=timeout_s, connect_deadline_s=0)
+        base = "txb://" + nameservers[0].partition("://")[2]
+        super().__init__(base, timeout_s=timeout_s, connect_deadline_s=0)
         self.url = url
         self.refresh_s = refresh_s
         self._options: dict[str, Any] = {
@@ -165,10 +173,9 @@ class ClusterClient(Client):
             "connect_deadline_s": min(connect_deadline_s, RECONNECT_S),
             "keepalive_s": keepalive_s,
         }
-        if tls_ca is not None or tls_cert is not None:
-            raise InvalidArgument("TLS through NameServers is not supported yet")
+        self._tls: dict[str, Any] = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._first_deadline_s = connect_deadline_s
-        self._nameservers = [Client(a, **self._options) for a in nameservers]
+        self._nameservers = [self._client(a) for a in nameservers]
         self._current = 0  # the NameServer that answered last
         self._brokers: dict[str, Client] = {}  # by address
         self._routes: dict[str, Route] = {}
@@ -214,6 +221,12 @@ class ClusterClient(Client):
             except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
                 errors.append(f"{self._nameservers[k].url}: {e}")
                 continue
+            except Unauthenticated as e:
+                raise Unauthenticated(
+                    f"the NameServer at {self._nameservers[k].url} refused this client: {e} "
+                    "(give the token its --auth-token names: auth_token=, or --auth-token / "
+                    "TXB_AUTH_TOKEN for the CLI)"
+                ) from e
             except BadRequest as e:  # a broker answers "opcode 70 is not served"
                 raise InvalidArgument(
                     f"{self._nameservers[k].url} is not a NameServer ({e}); a broker's address "
@@ -244,8 +257,13 @@ class ClusterClient(Client):
         """The connection to the broker at ``address`` (made on first use, then kept)."""
         client = self._brokers.get(address)
         if client is None:
-            client = self._brokers[address] = Client(address, **self._options)
+            client = self._brokers[address] = self._client(address)
         return client
+
+    def _client(self, address: str) -> Client:
+        """A client of one NameServer or broker: the TLS files for a ``txbs://`` one only."""
+        tls = self._tls if uses_tls(address) else {}
+        return Client(address, **self._options, **tls)
 
     # Requests.
 
