@@ -8,8 +8,10 @@ the NameServers and each group's brokers (TLS files to those at ``txbs://`` addr
 
 A :class:`ClusterClient` is a ``Client`` whose requests are routed: each to the master of the
 group holding the queue it picks, with routes from any NameServer that answers, kept for
-``refresh_s`` and fetched again after a routing error. The operator requests (topic listing and
-deletion, offsets, dead letters) are not routed: they need a broker's own address.
+``refresh_s`` and fetched again after a routing error. Operator requests are routed too: a
+transaction's show and resolve to the master holding it, consumer groups' offsets and open
+transactions asked of every group's master and put together, a topic's deletion to every group
+its route names. Topic listing and dead letters need a broker's own address.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from txbroker.errors import (
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     Empty,
+    GroupInfo,
     GroupRoute,
+    GroupsRequest,
+    GroupsResponse,
     RouteRequest,
     RouteResponse,
     SendBatchRequest,
@@ -47,6 +52,10 @@ from txbroker.protocol.messages import (
     SendReceipt,
     SendRequest,
     TopicInfo,
+    TopicName,
+    TxInfo,
+    TxListRequest,
+    TxListResponse,
     TxPrepareRequest,
     TxPrepareResponse,
 )
@@ -279,6 +288,12 @@ class ClusterClient(Client):
             return Empty()
         if opcode == Opcode.ROUTE:
             return await self._ask(body)
+        if opcode == Opcode.OFFSETS:
+            return await self._groups(body, timeout_s)
+        if opcode == Opcode.TX_LIST:
+            return await self._transactions(body, timeout_s)
+        if opcode == Opcode.TOPIC_DELETE:
+            return await self._delete_topic(body, timeout_s)
         if opcode in (Opcode.TOPIC_DESCRIBE, Opcode.TOPIC_CREATE):
             route = await self.route(body.topic, refresh=True)  # NoRoute: not created
             if opcode == Opcode.TOPIC_CREATE:  # create_topic(exist_ok=True) describes it then
@@ -368,6 +383,105 @@ class ClusterClient(Client):
             if not pending:
                 break
         return SendBatchResponse([receipts[i] for i in range(len(req.messages))])
+
+    # Operator requests: asked of every group's master, the answers put together.
+
+    async def _each_master(
+        self, opcode: Opcode, body: Any, timeout_s: float | None
+    ) -> list[tuple[str, Any]]:
+        """``body`` asked of every group's master at once: (group, answer) each. A group
+        without a master now fails the whole: a listing or a deletion with a group missing
+        would read as complete."""
+        masters = await self.masters()
+        missing = sorted(g for g, a in masters.items() if not a)
+        if missing:
+            raise NoRoute(f"group(s) {', '.join(missing)} have no master now: try again shortly")
+        answers = await asyncio.gather(
+            *(self.broker(a).request(opcode, body, timeout_s=timeout_s) for a in masters.values())
+        )
+        return list(zip(masters, answers, strict=True))
+
+    async def _global_queues(self, topic: str, group: str) -> list[int] | None:
+        """The topic's (global) queue ids of ``group``'s local ones; None: not routed there
+        (a topic of that group's own)."""
+        try:
+            route = await self.route(topic)
+        except NoRoute:
+            return None
+        for g in route.groups:
+            if g.group == group:
+                return list(g.queues)
+        return None
+
+    async def _groups(self, req: GroupsRequest, timeout_s: float | None) -> GroupsResponse:
+        """OFFSETS over every group: a consumer group's share on each master is one group and
+        topic here, its queues numbered as the topic's, its lag and rate summed."""
+        merged: dict[tuple[str, str], GroupInfo] = {}
+        for group, res in await self._each_master(Opcode.OFFSETS, req, timeout_s):
+            for info in res.groups:
+                ids = await self._global_queues(info.topic, group)
+                queues = [
+                    msgspec.structs.replace(q, queue=ids[q.queue])
+                    if ids is not None and 0 <= q.queue < len(ids)
+                    else q
+                    for q in info.queues
+                ]
+                seen = merged.get((info.group, info.topic))
+                if seen is None:
+                    merged[(info.group, info.topic)] = msgspec.structs.replace(info, queues=queues)
+                    continue
+                rates = [r for r in (seen.rate_per_s, info.rate_per_s) if r is not None]
+                merged[(info.group, info.topic)] = GroupInfo(
+                    info.group,
+                    info.topic,
+                    sorted({*seen.members, *info.members}),
+                    sorted([*seen.queues, *queues], key=lambda q: q.queue),
+                    seen.lag + info.lag,
+                    sum(rates) if rates else None,
+                )
+        return GroupsResponse(sorted(merged.values(), key=lambda g: (g.group, g.topic)))
+
+    async def _transactions(self, req: TxListRequest, timeout_s: float | None) -> TxListResponse:
+        """TX_LIST over every group: the oldest ``limit`` of all, queues numbered as the
+        topic's, the total summed."""
+        found: list[TxInfo] = []
+        total = 0
+        for group, res in await self._each_master(Opcode.TX_LIST, req, timeout_s):
+            total += res.total
+            for t in res.transactions:
+                ids = await self._global_queues(t.topic, group)
+                if ids is not None and 0 <= t.queue_id < len(ids):
+                    t = msgspec.structs.replace(t, queue_id=ids[t.queue_id])
+                found.append(t)
+        found.sort(key=lambda t: (t.created_ms, t.tx_id))
+        return TxListResponse(found[: req.limit], total)
+
+    async def _delete_topic(self, req: TopicName, timeout_s: float | None) -> Empty:
+        """TOPIC_DELETE at the master of every group the topic's route names (NO_ROUTE: not
+        routed). A group that no longer holds it (a deletion run again) is passed over; the
+        route itself stays in etcd: ``txbroker topic delete --coordinator`` removes it."""
+        route = await self.route(req.topic, refresh=True)
+        masterless = [g.group for g in route.groups if g.master is None]
+        if masterless:
+            raise NoRoute(
+                f"group(s) {', '.join(masterless)} of topic {req.topic!r} have no master now"
+            )
+        results = await asyncio.gather(
+            *(
+                self.broker(g.master).request(Opcode.TOPIC_DELETE, req, timeout_s=timeout_s)
+                for g in route.groups
+                if g.master is not None
+            ),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in failed:
+            if not isinstance(r, NotFound):
+                raise r
+        if failed and len(failed) == len(results):
+            raise failed[0]  # held by no group: not there to delete
+        self._routes.pop(req.topic, None)
+        return Empty()
 
     def _remember(self, tx_id: str, group: str, address: str) -> None:
         self._txs[tx_id] = (group, address)
