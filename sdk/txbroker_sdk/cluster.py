@@ -3,10 +3,15 @@
     async with await Client.connect("txbns://10.0.0.1:9878,10.0.0.2:9878") as client:
         await client.send("orders", b"...", key="order-42")
 
+``txbnss://`` reaches NameServers over TLS. The token and the TLS files go to every connection:
+the NameServers and each group's brokers (TLS files to those at ``txbs://`` addresses).
+
 A :class:`ClusterClient` is a ``Client`` whose requests are routed: each to the master of the
 group holding the queue it picks, with routes from any NameServer that answers, kept for
-``refresh_s`` and fetched again after a routing error. The operator requests (topic listing and
-deletion, offsets, dead letters) are not routed: they need a broker's own address.
+``refresh_s`` and fetched again after a routing error. Operator requests are routed too: a
+transaction's show and resolve to the master holding it, consumer groups' offsets and open
+transactions asked of every group's master and put together, a topic's deletion to every group
+its route names. Topic listing and dead letters need a broker's own address.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ from txbroker.errors import (
     NotMaster,
     TopicExists,
     TransactionNotFound,
+    Unauthenticated,
 )
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     Empty,
+    GroupInfo,
     GroupRoute,
+    GroupsRequest,
+    GroupsResponse,
     RouteRequest,
     RouteResponse,
     SendBatchRequest,
@@ -43,13 +52,17 @@ from txbroker.protocol.messages import (
     SendReceipt,
     SendRequest,
     TopicInfo,
+    TopicName,
+    TxInfo,
+    TxListRequest,
+    TxListResponse,
     TxPrepareRequest,
     TxPrepareResponse,
 )
 from txbroker_sdk.client import Client
 from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S
 from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed
-from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url
+from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url, uses_tls
 
 __all__ = ["ROUTE_REFRESH_S", "ClusterClient", "Route", "client_for"]
 
@@ -119,7 +132,10 @@ class ClusterClient(Client):
     """A :class:`Client` over broker groups, through NameServers.
     Made by ``Client.connect("txbns://...")``, or ``ClusterClient("txbns://...")`` to connect
     on first use (:func:`client_for` for either kind of URL); the options are those of
-    ``Client`` and apply to every connection it opens, plus ``refresh_s``.
+    ``Client`` and apply to every connection it opens, plus ``refresh_s``: the token to the
+    NameServers and brokers, the TLS files to those that serve TLS (NameServers at
+    ``txbnss://``, brokers that registered a ``txbs://`` address), so TLS brokers behind plain
+    ``txbns://`` NameServers work too.
 
     A send picks the topic's queue as a single broker does (the key's CRC32C modulo the topic's
     queues over all groups, else round-robin), finds the group holding that queue in the topic's
@@ -155,7 +171,8 @@ class ClusterClient(Client):
     ) -> None:
         nameservers = parse_nameserver_url(url)
         # The base connection is never dialed: every request goes to a NameServer or a broker.
-        super().__init__(nameservers[0], timeout_s=timeout_s, connect_deadline_s=0)
+        base = "txb://" + nameservers[0].partition("://")[2]
+        super().__init__(base, timeout_s=timeout_s, connect_deadline_s=0)
         self.url = url
         self.refresh_s = refresh_s
         self._options: dict[str, Any] = {
@@ -165,10 +182,9 @@ class ClusterClient(Client):
             "connect_deadline_s": min(connect_deadline_s, RECONNECT_S),
             "keepalive_s": keepalive_s,
         }
-        if tls_ca is not None or tls_cert is not None:
-            raise InvalidArgument("TLS through NameServers is not supported yet")
+        self._tls: dict[str, Any] = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._first_deadline_s = connect_deadline_s
-        self._nameservers = [Client(a, **self._options) for a in nameservers]
+        self._nameservers = [self._client(a) for a in nameservers]
         self._current = 0  # the NameServer that answered last
         self._brokers: dict[str, Client] = {}  # by address
         self._routes: dict[str, Route] = {}
@@ -214,6 +230,12 @@ class ClusterClient(Client):
             except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
                 errors.append(f"{self._nameservers[k].url}: {e}")
                 continue
+            except Unauthenticated as e:
+                raise Unauthenticated(
+                    f"the NameServer at {self._nameservers[k].url} refused this client: {e} "
+                    "(give the token its --auth-token names: auth_token=, or --auth-token / "
+                    "TXB_AUTH_TOKEN for the CLI)"
+                ) from e
             except BadRequest as e:  # a broker answers "opcode 70 is not served"
                 raise InvalidArgument(
                     f"{self._nameservers[k].url} is not a NameServer ({e}); a broker's address "
@@ -244,8 +266,13 @@ class ClusterClient(Client):
         """The connection to the broker at ``address`` (made on first use, then kept)."""
         client = self._brokers.get(address)
         if client is None:
-            client = self._brokers[address] = Client(address, **self._options)
+            client = self._brokers[address] = self._client(address)
         return client
+
+    def _client(self, address: str) -> Client:
+        """A client of one NameServer or broker: the TLS files for a ``txbs://`` one only."""
+        tls = self._tls if uses_tls(address) else {}
+        return Client(address, **self._options, **tls)
 
     # Requests.
 
@@ -261,6 +288,12 @@ class ClusterClient(Client):
             return Empty()
         if opcode == Opcode.ROUTE:
             return await self._ask(body)
+        if opcode == Opcode.OFFSETS:
+            return await self._groups(body, timeout_s)
+        if opcode == Opcode.TX_LIST:
+            return await self._transactions(body, timeout_s)
+        if opcode == Opcode.TOPIC_DELETE:
+            return await self._delete_topic(body, timeout_s)
         if opcode in (Opcode.TOPIC_DESCRIBE, Opcode.TOPIC_CREATE):
             route = await self.route(body.topic, refresh=True)  # NoRoute: not created
             if opcode == Opcode.TOPIC_CREATE:  # create_topic(exist_ok=True) describes it then
@@ -350,6 +383,105 @@ class ClusterClient(Client):
             if not pending:
                 break
         return SendBatchResponse([receipts[i] for i in range(len(req.messages))])
+
+    # Operator requests: asked of every group's master, the answers put together.
+
+    async def _each_master(
+        self, opcode: Opcode, body: Any, timeout_s: float | None
+    ) -> list[tuple[str, Any]]:
+        """``body`` asked of every group's master at once: (group, answer) each. A group
+        without a master now fails the whole: a listing or a deletion with a group missing
+        would read as complete."""
+        masters = await self.masters()
+        missing = sorted(g for g, a in masters.items() if not a)
+        if missing:
+            raise NoRoute(f"group(s) {', '.join(missing)} have no master now: try again shortly")
+        answers = await asyncio.gather(
+            *(self.broker(a).request(opcode, body, timeout_s=timeout_s) for a in masters.values())
+        )
+        return list(zip(masters, answers, strict=True))
+
+    async def _global_queues(self, topic: str, group: str) -> list[int] | None:
+        """The topic's (global) queue ids of ``group``'s local ones; None: not routed there
+        (a topic of that group's own)."""
+        try:
+            route = await self.route(topic)
+        except NoRoute:
+            return None
+        for g in route.groups:
+            if g.group == group:
+                return list(g.queues)
+        return None
+
+    async def _groups(self, req: GroupsRequest, timeout_s: float | None) -> GroupsResponse:
+        """OFFSETS over every group: a consumer group's share on each master is one group and
+        topic here, its queues numbered as the topic's, its lag and rate summed."""
+        merged: dict[tuple[str, str], GroupInfo] = {}
+        for group, res in await self._each_master(Opcode.OFFSETS, req, timeout_s):
+            for info in res.groups:
+                ids = await self._global_queues(info.topic, group)
+                queues = [
+                    msgspec.structs.replace(q, queue=ids[q.queue])
+                    if ids is not None and 0 <= q.queue < len(ids)
+                    else q
+                    for q in info.queues
+                ]
+                seen = merged.get((info.group, info.topic))
+                if seen is None:
+                    merged[(info.group, info.topic)] = msgspec.structs.replace(info, queues=queues)
+                    continue
+                rates = [r for r in (seen.rate_per_s, info.rate_per_s) if r is not None]
+                merged[(info.group, info.topic)] = GroupInfo(
+                    info.group,
+                    info.topic,
+                    sorted({*seen.members, *info.members}),
+                    sorted([*seen.queues, *queues], key=lambda q: q.queue),
+                    seen.lag + info.lag,
+                    sum(rates) if rates else None,
+                )
+        return GroupsResponse(sorted(merged.values(), key=lambda g: (g.group, g.topic)))
+
+    async def _transactions(self, req: TxListRequest, timeout_s: float | None) -> TxListResponse:
+        """TX_LIST over every group: the oldest ``limit`` of all, queues numbered as the
+        topic's, the total summed."""
+        found: list[TxInfo] = []
+        total = 0
+        for group, res in await self._each_master(Opcode.TX_LIST, req, timeout_s):
+            total += res.total
+            for t in res.transactions:
+                ids = await self._global_queues(t.topic, group)
+                if ids is not None and 0 <= t.queue_id < len(ids):
+                    t = msgspec.structs.replace(t, queue_id=ids[t.queue_id])
+                found.append(t)
+        found.sort(key=lambda t: (t.created_ms, t.tx_id))
+        return TxListResponse(found[: req.limit], total)
+
+    async def _delete_topic(self, req: TopicName, timeout_s: float | None) -> Empty:
+        """TOPIC_DELETE at the master of every group the topic's route names (NO_ROUTE: not
+        routed). A group that no longer holds it (a deletion run again) is passed over; the
+        route itself stays in etcd: ``txbroker topic delete --coordinator`` removes it."""
+        route = await self.route(req.topic, refresh=True)
+        masterless = [g.group for g in route.groups if g.master is None]
+        if masterless:
+            raise NoRoute(
+                f"group(s) {', '.join(masterless)} of topic {req.topic!r} have no master now"
+            )
+        results = await asyncio.gather(
+            *(
+                self.broker(g.master).request(Opcode.TOPIC_DELETE, req, timeout_s=timeout_s)
+                for g in route.groups
+                if g.master is not None
+            ),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in failed:
+            if not isinstance(r, NotFound):
+                raise r
+        if failed and len(failed) == len(results):
+            raise failed[0]  # held by no group: not there to delete
+        self._routes.pop(req.topic, None)
+        return Empty()
 
     def _remember(self, tx_id: str, group: str, address: str) -> None:
         self._txs[tx_id] = (group, address)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PORT",
     "NAMESERVER_SCHEME",
+    "NAMESERVER_TLS_SCHEME",
     "Transaction",
     "is_nameserver_url",
     "parse_nameserver_url",
@@ -26,6 +27,7 @@ __all__ = [
 
 DEFAULT_PORT: Final = 9876
 NAMESERVER_SCHEME: Final = "txbns://"
+NAMESERVER_TLS_SCHEME: Final = "txbnss://"  # as txbs:// is to txb://
 
 
 def parse_server_url(url: str) -> tuple[str, int]:
@@ -40,32 +42,37 @@ def parse_server_url(url: str) -> tuple[str, int]:
     if parts.scheme not in ("txb", "txbs") or not parts.hostname:
         raise InvalidArgument(
             f"server address must look like txb://host:port (or txbs:// for TLS; NameServers: "
-            f"txbns://host:port,... with Client.connect), not {url!r}"
+            f"txbns://host:port,... or txbnss:// for TLS, with Client.connect), not {url!r}"
         )
     return parts.hostname, parts.port or DEFAULT_PORT
 
 
 def is_nameserver_url(url: str) -> bool:
-    return url.startswith(NAMESERVER_SCHEME)
+    return url.startswith((NAMESERVER_SCHEME, NAMESERVER_TLS_SCHEME))
 
 
 def parse_nameserver_url(url: str) -> list[str]:
-    """``txbns://h1:9878,h2:9878`` to each NameServer's ``txb://`` address, in order."""
+    """``txbns://h1:9878,h2:9878`` to each NameServer's ``txb://`` address, in order;
+    ``txbnss://`` (TLS) to ``txbs://`` addresses."""
     if not is_nameserver_url(url):
-        raise InvalidArgument(f"NameServers' addresses are txbns://host:port,..., not {url!r}")
-    parts = [p.strip() for p in url[len(NAMESERVER_SCHEME) :].split(",")]
+        raise InvalidArgument(
+            f"NameServers' addresses are txbns://host:port,... (txbnss:// for TLS), not {url!r}"
+        )
+    scheme, _, rest = url.partition("://")
+    parts = [p.strip() for p in rest.split(",")]
     if not all(parts):
         raise InvalidArgument(f"{url!r}: an empty NameServer address")
+    each = "txbs" if scheme == "txbnss" else "txb"
     addresses = []
     for part in parts:
-        host, port = parse_server_url(f"txb://{part}")
-        addresses.append(f"txb://{host}:{port}")
+        host, port = parse_server_url(f"{each}://{part}")
+        addresses.append(f"{each}://{host}:{port}")
     return addresses
 
 
 def uses_tls(url: str) -> bool:
-    """Whether ``url`` asks for TLS: the scheme ``txbs://``."""
-    return url.startswith("txbs://")
+    """Whether ``url`` asks for TLS: the schemes ``txbs://`` and ``txbnss://``."""
+    return url.startswith(("txbs://", NAMESERVER_TLS_SCHEME))
 
 
 def prepare_request(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from txbroker_sdk.requests import uses_tls
+from txbroker_sdk.requests import is_nameserver_url, uses_tls
 
 __all__ = [
     "AUTH_TOKEN",
@@ -66,8 +66,9 @@ class ServiceSettings:
         check_secret: str | None,
     ) -> ServiceSettings:
         """Each setting from its argument, else its variable (an empty one counts as unset,
-        as for the CLI). The TLS variables apply to a ``txbs://`` server only, as for the CLI:
-        a plain one refuses TLS files, and a shell set up for another broker may hold them."""
+        as for the CLI). The TLS variables apply to a ``txbs://`` server or NameServers only, as
+        for the CLI: a plain broker refuses TLS files, and a shell set up for another broker may
+        hold them."""
 
         def pick(given: str | None, name: str) -> str | None:
             return given if given is not None else (env.get(name) or None)
@@ -83,7 +84,7 @@ class ServiceSettings:
                 SERVER,
             )
         url = url or DEFAULT_SERVER
-        tls = uses_tls(url)
+        tls = uses_tls(url) or is_nameserver_url(url)  # NameServers may route to TLS brokers
 
         def pick_tls(given: str | None, name: str) -> str | None:
             return pick(given, name) if tls else given

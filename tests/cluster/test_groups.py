@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import google_crc32c
 import pytest
 
 from tests.cluster.conftest import EtcdServer
@@ -38,6 +39,7 @@ from txbroker.cluster.routes import replace_route
 FETCH_MS = 2_000
 DEADLINE_S = 30.0
 LOOK_S = 0.05  # between looks at what a slave holds
+TX_SECRET = "ops-svc=s3cret"  # the producer group of the transactions prepared here
 
 
 @dataclass
@@ -80,7 +82,7 @@ def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
             b = BrokerProcess(
                 tmp_path / group,
                 *("--group", group, "--coordinator", etcd.url, "--role", role),
-                *("--broker-id", f"{group}-a"),
+                *("--broker-id", f"{group}-a", "--tx-secret", TX_SECRET),
             )
             started.append(b)
             brokers[group] = b.start()
@@ -91,7 +93,7 @@ def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
             s = BrokerProcess(
                 tmp_path / f"{group}-b",
                 *("--group", group, "--coordinator", etcd.url, *role),
-                *("--broker-id", f"{group}-b"),
+                *("--broker-id", f"{group}-b", "--tx-secret", TX_SECRET),
             )
             started.append(s)
             slaves[group] = s.start()
@@ -343,3 +345,61 @@ async def test_cluster_status_shows_groups_roles_offsets_and_routes(cluster: Clu
 
     text = cluster.cli("cluster", "status", "--coordinator", cluster.etcd.url)
     assert "g1-a" in text and "g2-a" in text and "status-orders" in text and "g1: 0-2" in text
+
+
+async def test_operator_commands_through_the_nameservers_reach_every_group(
+    cluster: Cluster,
+) -> None:
+    """tx list/resolve, group describe and topic delete given only the NameServers."""
+    cluster.topic_create("ops", 4, "g1,g2")  # g1: queues 0-1, g2: 2-3
+    async with await Client.connect(cluster.url) as client:
+        for i in range(40):
+            await client.send("ops", b"m", key=f"k{i}")
+        # An open transaction on each group, ended by hand below.
+        txs = {}
+        for group, held in (("g1", range(0, 2)), ("g2", range(2, 4))):
+            key = next(f"tx-{i}" for i in range(1000) if _queue_of(f"tx-{i}", 4) in held)
+            tx = await client.prepare(
+                "ops", b"t", producer_group="ops-svc", check_url="http://127.0.0.1:9/check",
+                key=key, timeout_ms=600_000,
+            )  # fmt: skip
+            txs[group] = tx.tx_id
+        async with Consumer(client, "billing", "ops") as consumer:
+            got = 0
+            deadline = time.monotonic() + DEADLINE_S
+            while got < 40 and time.monotonic() < deadline:
+                for m in await consumer.fetch(FETCH_MS):
+                    got += 1
+                    m.ack()
+        assert got == 40
+
+    listed = cluster.cli("tx", "list", "--server", cluster.url, "--json").splitlines()
+    assert {json.loads(t)["tx_id"] for t in listed} == set(txs.values())  # from both masters
+    for tx_id in txs.values():
+        out = json.loads(cluster.cli("tx", "commit", tx_id, "--server", cluster.url, "--json"))
+        assert out["state"] == "committed", out
+    assert cluster.cli("tx", "list", "--server", cluster.url, "--json") == ""
+
+    described = json.loads(cluster.cli("group", "describe", "billing", "--server", cluster.url,
+                                       "--json"))  # fmt: skip
+    [ops] = described["topics"]
+    assert ops["topic"] == "ops"
+    assert [q["queue"] for q in ops["queues"]] == [0, 1, 2, 3]  # the topic's, over both groups
+    assert sum(q["max_offset"] for q in ops["queues"]) == 42  # 40 sends, 2 commits
+    assert ops["lag"] == sum(q["lag"] for q in ops["queues"]) == described["lag"]
+
+    out = json.loads(cluster.cli("topic", "delete", "ops", "--server", cluster.url,
+                                 "--coordinator", cluster.etcd.url, "--json"))  # fmt: skip
+    assert out == {"deleted": "ops", "route_removed": True}
+    for broker in cluster.brokers.values():
+        async with await Client.connect(broker.url) as direct:
+            with pytest.raises(NotFound):
+                await direct.describe_topic("ops")
+    async with await Client.connect(cluster.url) as client:
+        with pytest.raises(NoRoute):
+            await client.send("ops", b"gone")
+
+
+def _queue_of(key: str, queues: int) -> int:
+    """The topic's queue a key goes to (as the SDK picks it)."""
+    return google_crc32c.value(key.encode()) % queues

@@ -4,17 +4,15 @@ does not trust the broker, and mutual TLS refusing a client without a certificat
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import BrokerProcess, run_cli
+from tests.pki import OPENSSL_MISSING, Pki, make_pki
 from tests.server.rawclient import RawClient
 from txbroker.errors import TlsRequired
 from txbroker.protocol.frames import Opcode
@@ -22,58 +20,12 @@ from txbroker.protocol.messages import Hello, decode_error
 from txbroker_sdk import Client, Consumer
 from txbroker_sdk.errors import BrokerUnreachable, TlsFailed
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    other_ca: Path  # a CA that signed nothing here
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=d,
-    )  # fmt: skip
-
-
-def _leaf(d: Path, name: str, ext: str) -> None:
-    (d / f"{name}.ext").write_text(ext)
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-        cwd=d,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
-        cwd=d,
-    )  # fmt: skip
+pytestmark = pytest.mark.skipif(OPENSSL_MISSING, reason="needs openssl")
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "other")
-    _leaf(d, "server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    _leaf(d, "client", "extendedKeyUsage=clientAuth\n")
-    return Pki(
-        d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key",
-        d / "other.pem",
-    )  # fmt: skip
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _tls_flags(pki: Pki, *, mutual: bool = False) -> list[str]:

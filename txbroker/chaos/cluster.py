@@ -42,7 +42,7 @@ NAMESERVER_PORT: Final = 9878
 
 
 class NameServerProcess:
-    """`txbroker nameserver --coordinator URL --host HOST --port PORT`, started with
+    """`txbroker nameserver --coordinator URL --host HOST --port PORT *extra`, started with
     ``run_prefix`` before it; ``address`` is its host:port."""
 
     def __init__(
@@ -52,8 +52,10 @@ class NameServerProcess:
         port: int = 0,
         host: str = "127.0.0.1",
         run_prefix: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.coordinator = coordinator
+        self.extra = extra
         self.log_path = log_path
         self.port = port
         self.host = host
@@ -64,6 +66,7 @@ class NameServerProcess:
     def start(self) -> NameServerProcess:
         cmd = [*self.run_prefix, sys.executable, "-m", "txbroker.cli", "nameserver"]
         cmd += ["--coordinator", self.coordinator, "--host", self.host, "--port", str(self.port)]
+        cmd += self.extra
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ)

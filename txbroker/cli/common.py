@@ -81,7 +81,8 @@ def seconds(text: str) -> float:
 def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
     p.add_argument(
         "--server",
-        help=f"txb://host:port, txbs:// for TLS (TXB_SERVER; default {DEFAULT_SERVER})",
+        help="txb://host:port, txbs:// for TLS; NameServers: txbns://host:port,..., txbnss:// "
+        f"for TLS (TXB_SERVER; default {DEFAULT_SERVER})",
     )
     p.add_argument("--auth-token", help="token for a broker started with one (TXB_AUTH_TOKEN)")
     p.add_argument(
@@ -130,7 +131,11 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"auth_token": auth_token(args)}
     if (timeout := getattr(args, "connect_timeout", None)) is not None:
         options["connect_deadline_s"] = timeout
-    if server_url(args).startswith("txbs://"):  # the TLS files mean nothing to a plain URL
+    from txbroker_sdk.requests import is_nameserver_url, uses_tls
+
+    url = server_url(args)
+    # The TLS files mean nothing to a plain broker's URL; NameServers may route to TLS brokers.
+    if uses_tls(url) or is_nameserver_url(url):
         options["tls_ca"] = getattr(args, "tls_ca", None) or env.get("TXB_TLS_CA")
         options["tls_cert"] = getattr(args, "tls_client_cert", None) or env.get(
             "TXB_TLS_CLIENT_CERT"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 
 from txbroker.cli.common import Subparsers, run
 from txbroker.errors import InvalidArgument
@@ -35,6 +36,21 @@ def register(sub: Subparsers) -> None:
         default=DEFAULT_PORT,
         help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)",
     )
+    sec = ns.add_argument_group(
+        "token and TLS",
+        "As `txbroker serve`'s: clients present the token in HELLO, and connect to a TLS "
+        "NameServer with txbnss://host:port. See docs/cluster.md, 'Security'.",
+    )
+    sec.add_argument("--auth-token", help="a token clients must present (TXB_AUTH_TOKEN)")
+    sec.add_argument(
+        "--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (TXB_TLS_CERT)"
+    )
+    sec.add_argument("--tls-key", metavar="PEM", help="the certificate's key (TXB_TLS_KEY)")
+    sec.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
+    )
     ns.set_defaults(func=_nameserver)
 
 
@@ -49,5 +65,20 @@ def _nameserver(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    run(serve_nameserver(NameServerConfig(coordinator, args.host, args.port)))
+    env = os.environ
+
+    def path(flag: str | None, name: str) -> Path | None:
+        given = flag or env.get(name)
+        return Path(given) if given else None
+
+    config = NameServerConfig(
+        coordinator,
+        args.host,
+        args.port,
+        auth_token=args.auth_token or env.get("TXB_AUTH_TOKEN") or None,
+        tls_cert=path(args.tls_cert, "TXB_TLS_CERT"),
+        tls_key=path(args.tls_key, "TXB_TLS_KEY"),
+        tls_client_ca=path(args.tls_client_ca, "TXB_TLS_CLIENT_CA"),
+    )
+    run(serve_nameserver(config))
     return 0

@@ -217,6 +217,12 @@ def _security_flags(sv: argparse.ArgumentParser) -> None:
         metavar="PEM",
         help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
     )
+    sec.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA that signed the other brokers' certificates: a slave checks its txbs:// "
+        "master's against it (TXB_TLS_CA; default: the system's)",
+    )
 
 
 def _connection_flags(sv: argparse.ArgumentParser) -> None:
@@ -279,6 +285,7 @@ def config_from_args(
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "tls_client_ca": args.tls_client_ca,
+        "tls_ca": args.tls_ca,
         "repair_truncate": True if args.repair_truncate else None,
         "segment_bytes": args.segment_mib * 1024 * 1024 if args.segment_mib else None,
         "tx_secrets": args.tx_secret or None,

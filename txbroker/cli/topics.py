@@ -76,6 +76,12 @@ def register(sub: Subparsers) -> None:
         description=DELETE_DESCRIPTION,
     )
     p.add_argument("name", help="topic name")
+    p.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="with NameServers (--server txbns://...): once the topic is deleted on each group "
+        "holding it, remove its route from etcd://host:port[,...] too (TXB_COORDINATOR)",
+    )
     add_broker_options(p, json_help='print {"deleted": NAME}')
     p.set_defaults(func=with_client(_delete))
 
@@ -219,9 +225,31 @@ async def _describe(c: Any, args: argparse.Namespace) -> int:
 
 
 async def _delete(c: Any, args: argparse.Namespace) -> int:
+    """On one broker; through NameServers, on the master of each group the route names, and
+    then (with a coordinator) the route itself: removed last, so a deletion that failed on a
+    group can be run again through the NameServers."""
+    from txbroker_sdk.cluster import ClusterClient
+
+    routed = isinstance(c, ClusterClient)
+    if args.coordinator and not routed:
+        raise InvalidArgument("--coordinator goes with NameServers' --server txbns://...")
+    coordinator = (args.coordinator or os.environ.get("TXB_COORDINATOR")) if routed else None
     await c.delete_topic(args.name)
+    if coordinator:
+        from txbroker.cluster import connect_coordinator
+        from txbroker.cluster.routes import delete_route
+
+        async with await connect_coordinator(coordinator) as etcd:
+            await delete_route(etcd, args.name)
     if args.json:
-        print_json({"deleted": args.name})
+        print_json(
+            {"deleted": args.name, **({"route_removed": bool(coordinator)} if routed else {})}
+        )
+    elif routed and not coordinator:
+        print(
+            f"deleted {args.name} on its groups; its route stays in etcd (sends get NOT_FOUND): "
+            "give --coordinator to remove it"
+        )
     else:
         print(f"deleted {args.name}")
     return 0

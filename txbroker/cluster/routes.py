@@ -31,6 +31,7 @@ __all__ = [
     "TopicRoute",
     "broker_key",
     "choose_masters",
+    "delete_route",
     "is_former_master",
     "master_key",
     "read_route",
@@ -236,6 +237,12 @@ async def replace_route(coordinator: Coordinator, route: TopicRoute) -> int:
     """Put ``route`` whatever was there (moving queues between groups, adding groups); clients
     pick it up on their next refresh. Returns the write's revision."""
     return await coordinator.put(topic_key(route.topic), route.to_json())
+
+
+async def delete_route(coordinator: Coordinator, topic: str) -> bool:
+    """Remove ``topic``'s route (after the topic was deleted on its groups): NameServers answer
+    NO_ROUTE for it from then on. Whether there was one."""
+    return await coordinator.delete(topic_key(topic))
 
 
 def _describe(route: TopicRoute) -> str:

@@ -3,7 +3,9 @@
 It speaks the broker's wire protocol (HELLO, PING and ROUTE) with the broker's connection object,
 so a client asks a NameServer as it asks a broker, with the SDK's framing, pipelining,
 deadlines, reconnects, TLS and typed errors, and the connection's bounds hold here too
-(docs/cluster.md, "The NameServer", says why not HTTP JSON). Answers come from
+(docs/cluster.md, "The NameServer", says why not HTTP JSON). Its tokens and TLS are the broker's
+too: the same token table checks HELLO and the same rules (``server/access.py``) each ROUTE,
+and a TLS NameServer listens as a TLS broker does (``server/tlslisten.py``). Answers come from
 :class:`~txbroker.nameserver.cache.RouteCache`, kept current by a watch; the NameServer holds no
 state of its own, so several can run and any one answers.
 """
@@ -13,16 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from txbroker import __version__
 from txbroker.cluster import Coordinator, connect_coordinator
+from txbroker.errors import InvalidArgument
 from txbroker.nameserver.cache import RouteCache
 from txbroker.protocol.frames import PROTOCOL_VERSION, Opcode
 from txbroker.protocol.messages import Empty, Hello, HelloOk, RouteRequest, RouteResponse
 from txbroker.runtime.signals import stop_on_signals
+from txbroker.runtime.tls import TlsFiles, server_context
+from txbroker.server.access import Access
 from txbroker.server.connection import Connection, Handler
+from txbroker.server.tlslisten import TlsListener
+from txbroker.server.tokens import TokenTable
 
 __all__ = ["READY_PREFIX", "NameServer", "NameServerConfig", "serve_nameserver"]
 
@@ -34,13 +42,41 @@ READY_PREFIX: Final = "txbroker nameserver ready"
 FIRST_LISTING_TIMEOUT_S: Final = 10.0
 # What the OS queues before accept (as the broker's, server/app.py).
 ACCEPT_BACKLOG: Final = 1024
+# A TLS client must complete its handshake within this (the broker's default HELLO deadline),
+# and at most this many sockets wait for their first byte: a NameServer's clients are a
+# cluster's services, far fewer than a broker's connection limit.
+HANDSHAKE_TIMEOUT_S: Final = 5.0
+TLS_PENDING_MAX: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class NameServerConfig:
+    """What ``txbroker nameserver`` takes; the token and TLS settings mean what the broker's
+    do (``txbroker serve``): clients present ``auth_token`` in HELLO; with ``tls_cert`` and
+    ``tls_key`` it serves TLS (clients connect with ``txbnss://``), with ``tls_client_ca``
+    mutual TLS."""
+
     coordinator: str  # etcd://host:port[,host:port...]
     host: str = "127.0.0.1"
     port: int = 9878
+    auth_token: str | None = field(default=None, repr=False)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.auth_token == "":
+            raise InvalidArgument("auth_token must not be empty (omit it to run without auth)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca needs tls_cert and tls_key (TLS itself)")
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_client_ca)
 
 
 class NameServer:
@@ -60,10 +96,12 @@ class NameServer:
         self.cache: RouteCache | None = None
         self._coordinator: Coordinator | None = None
         self._feeding: asyncio.Task[None] | None = None
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsListener | None = None
         self._connections: set[Connection] = set()
 
     async def start(self) -> None:
+        tls = self.config.tls
+        context = server_context(tls) if tls is not None else None  # bad files: before etcd
         coordinator = self._coordinator = await connect_coordinator(self.config.coordinator)
         cache = self.cache = RouteCache(coordinator)
         self._feeding = asyncio.create_task(cache.run(), name="txb-nameserver-watch")
@@ -74,20 +112,31 @@ class NameServer:
             await self.stop()
             raise
         handlers: dict[int, Handler] = {Opcode.PING: _ping, Opcode.ROUTE: self._route}
+        # No transactions here: a transaction's topic is never known.
+        access = Access(TokenTable.build(self.config.auth_token, ()), lambda _: None)
 
         def hello(_: Hello) -> HelloOk:
-            return HelloOk(__version__, PROTOCOL_VERSION)
+            return HelloOk(__version__, PROTOCOL_VERSION, access.tokens.required)
 
         def connection() -> Connection:
-            return Connection(handlers, hello=hello, connections=self._connections)
+            return Connection(handlers, access=access, hello=hello, connections=self._connections)
 
-        self._server = await asyncio.get_running_loop().create_server(
-            connection,
-            self.config.host,
-            self.config.port,
-            reuse_address=True,
-            backlog=ACCEPT_BACKLOG,
-        )
+        host, port = self.config.host, self.config.port
+        if context is not None:
+            listener = TlsListener(
+                connection,
+                context,
+                handshake_timeout_s=HANDSHAKE_TIMEOUT_S,
+                pending_max=TLS_PENDING_MAX,
+                refusal="this NameServer serves TLS on this port: connect with "
+                "txbnss://host:port (docs/cluster.md, 'Security')",
+            )
+            listener.listen(host, port, ACCEPT_BACKLOG)
+            self._server = listener
+        else:
+            self._server = await asyncio.get_running_loop().create_server(
+                connection, host, port, reuse_address=True, backlog=ACCEPT_BACKLOG
+            )
         self.port = self._server.sockets[0].getsockname()[1]
 
     def _route(self, req: RouteRequest) -> RouteResponse:
@@ -118,8 +167,9 @@ async def serve_nameserver(config: NameServerConfig) -> None:
     ns = NameServer(config)
     await ns.start()
     stop = stop_on_signals()
+    tls = " tls=on" if config.tls is not None else ""
     print(
-        f"{READY_PREFIX} tcp={config.host}:{ns.port} coordinator={config.coordinator}",
+        f"{READY_PREFIX} tcp={config.host}:{ns.port} coordinator={config.coordinator}{tls}",
         flush=True,
     )
     await stop.wait()

@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
@@ -22,7 +23,7 @@ from txbroker.runtime.fdlimit import FileLimit, open_files, raise_nofile_limit
 from txbroker.runtime.gctune import tune_for_serving
 from txbroker.runtime.httpserve import HttpServer
 from txbroker.runtime.signals import stop_on_signals
-from txbroker.runtime.tls import TlsFiles, server_context
+from txbroker.runtime.tls import TlsFiles, client_context, server_context
 from txbroker.server.access import Access
 from txbroker.server.admin import Admin
 from txbroker.server.admission import FILES_MARGIN, Admission, Limits, fit_limits
@@ -105,6 +106,7 @@ class BrokerServer:
         # The opcode -> handler table every front end calls (docs/server.md).
         self.handlers: dict[int, Handler] = {}
         self.epochs = EpochHistory(config.data_dir / "meta")
+        self._master_tls_context: ssl.SSLContext | None = None
         # Set when the broker must restart to apply a tail cut (failover.py); serve() does.
         self.restart = asyncio.Event()
         self.restart_reason = ""
@@ -112,6 +114,8 @@ class BrokerServer:
     async def start(self) -> None:
         cfg = self.config
         files = raise_nofile_limit()  # before the store maps its files
+        if cfg.tls_ca is not None:
+            self._master_tls()  # a CA file that cannot be read stops the start, not a slave later
         self.topics.load()  # first: the store opens with the deleted topics' fences
         self.store = await MessageStore.open(
             StoreConfig(
@@ -338,6 +342,7 @@ class BrokerServer:
                 notifier.notify,
                 cfg.auth_token,
                 on_offsets=self._adopt_offsets,
+                tls=self._master_tls,
             )
             self.replicator.start()
         if cfg.coordinator is not None and cfg.group is not None:
@@ -388,6 +393,7 @@ class BrokerServer:
                 epochs=self.epochs,
                 on_diverged=failover.diverged,
                 on_offsets=self._adopt_offsets,
+                tls=self._master_tls,
             )
 
         failover = Failover(duties, replicator_for, cfg.data_dir, self._request_restart)
@@ -417,6 +423,15 @@ class BrokerServer:
         if self.failover is not None:
             return self.failover.duties.active
         return not self.replication.slave
+
+    def _master_tls(self) -> ssl.SSLContext:
+        """The context a slave connects to a ``txbs://`` master with: its certificate checked
+        against ``tls_ca`` (else the system's CAs); this broker's own certificate presented to
+        a master that asks for one (mutual TLS). Made once, on first use."""
+        if self._master_tls_context is None:
+            cfg = self.config
+            self._master_tls_context = client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+        return self._master_tls_context
 
     def _tls_files(self) -> TlsFiles | None:
         cfg = self.config

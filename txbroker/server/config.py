@@ -33,10 +33,13 @@ class ServerConfig:
     tokens: tuple[TokenEntry, ...] = field(default=(), repr=False)
     tokens_file: Path | None = None
     # TLS on the TCP and HTTP listeners (tls.py): a PEM certificate chain and its key; with a
-    # client CA, clients must present a certificate it signed (mutual TLS).
+    # client CA, clients must present a certificate it signed (mutual TLS). The CA is the one
+    # that signed the other brokers' certificates: a slave checks its master's against it
+    # (default: the system's CAs), and presents its own certificate to a master that asks.
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    tls_ca: Path | None = None
     dedup_window_ms: int = DEFAULT_DEDUP_WINDOW_MS
     # Consumer retries: delays between attempts and how many before the dead-letter topic.
     retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
@@ -306,6 +309,7 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             "tls_cert",
             "tls_key",
             "tls_client_ca",
+            "tls_ca",
         ):
             if out.get(name) is not None:
                 out[name] = Path(out[name])

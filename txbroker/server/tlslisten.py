@@ -35,18 +35,16 @@ ACCEPT_PAUSE_S: Final = 1.0
 # as connection.py's LINGER_S.
 LINGER_S: Final = 1.0
 
-_REFUSAL: Final = encode_frame(
-    FrameKind.ERROR,
-    Opcode.STREAM,
-    0,
-    encode_body(
-        ErrorBody(
-            TlsRequired.code,
-            "this broker serves TLS on this port: connect with txbs://host:port "
-            "(docs/client.md, 'TLS')",
-        )
-    ),
+# What a plain client is told (a NameServer names its own scheme).
+BROKER_REFUSAL: Final = (
+    "this broker serves TLS on this port: connect with txbs://host:port (docs/client.md, 'TLS')"
 )
+
+
+def _refusal(note: str) -> bytes:
+    return encode_frame(
+        FrameKind.ERROR, Opcode.STREAM, 0, encode_body(ErrorBody(TlsRequired.code, note))
+    )
 
 
 class TlsListener:
@@ -68,8 +66,10 @@ class TlsListener:
         *,
         handshake_timeout_s: float,
         pending_max: int,
+        refusal: str = BROKER_REFUSAL,
     ) -> None:
         self._factory = factory
+        self._refusal = _refusal(refusal)
         self._ctx = context
         self._timeout_s = handshake_timeout_s
         self._pending_max = max(1, pending_max)
@@ -158,7 +158,7 @@ class TlsListener:
     def _refuse(self, conn: socket.socket) -> None:
         """One plain error frame, then lingering: discard what arrives, close after LINGER_S."""
         try:
-            conn.send(_REFUSAL)  # 100-odd bytes into an empty send buffer: never short
+            conn.send(self._refusal)  # 100-odd bytes into an empty send buffer: never short
             conn.shutdown(socket.SHUT_WR)
         except OSError:
             conn.close()

@@ -19,7 +19,8 @@ __all__ = ["ReplicationSettings"]
 class ReplicationSettings:
     """The replication settings of ``ServerConfig`` in one place (read once, at start)."""
 
-    replica_of: str | None = None  # txb://host:port of the master: this broker is a slave
+    # txb://host:port (txbs:// for TLS) of the master: this broker is a slave
+    replica_of: str | None = None
     mode: str = "async"  # sync | async: what a master's write waits for
     min_insync: int = 1  # sync: slaves that must have flushed a write before its answer
     timeout_ms: int = 5_000  # sync: the longest a write waits for them
@@ -31,9 +32,10 @@ class ReplicationSettings:
             raise InvalidArgument(f"min_insync must be at least 1, got {self.min_insync}")
         if self.timeout_ms <= 0:
             raise InvalidArgument(f"replication_timeout_ms must be positive, got {self.timeout_ms}")
-        if self.replica_of is not None and not self.replica_of.startswith("txb://"):
+        if self.replica_of is not None and not self.replica_of.startswith(("txb://", "txbs://")):
             raise InvalidArgument(
-                f"replica_of must be the master's txb://host:port, got {self.replica_of!r}"
+                f"replica_of must be the master's txb://host:port (txbs:// for TLS), got "
+                f"{self.replica_of!r}"
             )
 
     @property

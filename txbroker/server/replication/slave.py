@@ -6,8 +6,10 @@ local log (reporting the local flushed offset), write the answer verbatim at the
 master's topics are copied (its deletions too, with its fences) before an answer's records
 are written when the answer's topics version is not the one copied last (the next fetch
 says which one this slave holds: a sync master's topic creation or deletion waits for that).
-A lost connection is retried with a bounded backoff. It speaks the wire protocol through
-``txbroker.protocol`` directly: the broker may not import the SDK.
+A lost connection is retried with a bounded backoff. A ``txbs://`` master is followed over TLS,
+its certificate checked (``runtime/tls.py``'s client context, from the broker's ``tls_ca``,
+``tls_cert`` and ``tls_key``), and the HELLO carries the broker's auth token. It speaks the wire
+protocol through ``txbroker.protocol`` directly: the broker may not import the SDK.
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from txbroker.errors import InvalidArgument, ProtocolError, TopicExists, TxbError, error_class
+from txbroker.errors import (
+    InvalidArgument,
+    ProtocolError,
+    ReplicationError,
+    TopicExists,
+    TxbError,
+    error_class,
+)
 from txbroker.protocol.codec import FrameDecoder, encode_frame
 from txbroker.protocol.frames import FrameKind, Opcode
 from txbroker.protocol.messages import (
@@ -72,13 +82,13 @@ def replica_name(meta_dir: Path) -> str:
         return name
 
 
-def _address(url: str) -> tuple[str, int]:
-    if not url.startswith("txb://"):
-        raise InvalidArgument(f"replica_of must be txb://host:port, got {url!r}")
-    host, sep, port = url.removeprefix("txb://").rstrip("/").rpartition(":")
-    if not sep or not port.isdigit():
-        raise InvalidArgument(f"replica_of must be txb://host:port, got {url!r}")
-    return host.strip("[]"), int(port)
+def _address(url: str) -> tuple[str, int, bool]:
+    """``txb://host:port`` (or ``txbs://``) to the host, the port and whether it is TLS."""
+    scheme, sep, rest = url.partition("://")
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if scheme not in ("txb", "txbs") or not sep or not colon or not port.isdigit():
+        raise InvalidArgument(f"replica_of must be txb://host:port (txbs:// for TLS), got {url!r}")
+    return host.strip("[]"), int(port), scheme == "txbs"
 
 
 class _Link:
@@ -126,7 +136,9 @@ class _Diverged(Exception):
 class Replicator:
     """Follows ``master``'s log until stopped. With an epoch history (``--role auto``), each
     fetch names this log's last epoch; a master answering that the log runs past that epoch's
-    end there stops it, and ``on_diverged(offset, master's history)`` decides (failover.py)."""
+    end there stops it, and ``on_diverged(offset, master's history)`` decides (failover.py).
+    ``tls`` gives the client context for a ``txbs://`` master (made on first use: a broker that
+    follows only plain masters needs none)."""
 
     def __init__(
         self,
@@ -141,12 +153,15 @@ class Replicator:
         epochs: EpochHistory | None = None,
         on_diverged: Callable[[int, list[tuple[int, int]]], None] | None = None,
         on_offsets: Callable[[dict[str, dict[str, dict[int, int]]]], None] | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self._store = store
         self._topics = topics
         self._deletion = deletion
         self.master = master
-        self._addr = _address(master)
+        host, port, self._tls = _address(master)
+        self._addr = (host, port)
+        self._tls_context = tls
         self.name = name
         self._notify = notify
         self._token = auth_token
@@ -198,8 +213,27 @@ class Replicator:
 
     async def _follow(self) -> None:
         host, port = self._addr
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+        ctx = None
+        if self._tls:
+            if self._tls_context is None:
+                raise ReplicationError("the master serves TLS and this follower has no context")
+            ctx = self._tls_context()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=ctx, server_hostname=host if ctx is not None else None
+                )
+        except ssl.SSLCertVerificationError as e:
+            raise ReplicationError(
+                f"TLS: the master did not prove who it is ({e.verify_message}): give this "
+                "broker --tls-ca, the CA that signed the master's certificate, and let the "
+                "certificate name the host the master advertises"
+            ) from e
+        except ssl.SSLError as e:
+            raise ReplicationError(
+                f"TLS handshake with the master failed ({e.reason or e}); does it serve TLS "
+                "on this port, and (mutual TLS) does it accept this broker's --tls-cert?"
+            ) from e
         link = _Link(reader, writer)
         try:
             await link.call(
