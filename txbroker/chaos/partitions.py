@@ -24,11 +24,20 @@ from txbroker.chaos.cluster import Cluster
 from txbroker.chaos.history import Delivery, History, Outcome, Report, Stored, check
 from txbroker.chaos.nemesis import PARTITIONS, GroupHosts, Nemesis
 from txbroker.chaos.netns import TestNet
+from txbroker.cluster.election import DEFAULT_TTL_S
 from txbroker.errors import TxbError
 from txbroker_sdk import Client
 from txbroker_sdk.consumer import Consumer
 
-__all__ = ["FLAP", "GROUP", "TOPIC", "Timing", "partition_cluster", "run_partition"]
+__all__ = [
+    "FAILOVER_BOUND_S",
+    "FLAP",
+    "GROUP",
+    "TOPIC",
+    "Timing",
+    "partition_cluster",
+    "run_partition",
+]
 
 GROUP: Final = "g1"
 TOPIC: Final = "history"
@@ -38,6 +47,12 @@ CHECKER_GROUP: Final = "history-check"
 # A writer's request: past a healthy sync write by far, short enough that a writer cut from
 # the master notices within the partition and tries the NameServer's current master again.
 REQUEST_TIMEOUT_S: Final = 2.0
+# The longest the group may go without acknowledging a write when its master is cut off from
+# everything: a new master within the election's target (the lease's TTL plus 2 s to take over,
+# txbroker/cluster/election.py), plus one request timeout (a writer's attempt sent to the silent
+# old master just before the NameServer named the new one fails only then), plus 1 s for the
+# retry pause, the route fetch and the new master's first sync write.
+FAILOVER_BOUND_S: Final = DEFAULT_TTL_S + 2.0 + REQUEST_TIMEOUT_S + 1.0
 RETRY_PAUSE_S: Final = 0.05  # after a failed attempt: no hot loop against a group that is down
 READ_BOUND_S: Final = 60.0  # reading everything back after the heal, bounded
 GROUP_WHOLE_S: Final = 60.0  # every broker registered again, one master, after the heal
