@@ -61,7 +61,7 @@ from txbroker.protocol.messages import (
 )
 from txbroker_sdk.client import Client
 from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIVE_S
-from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed
+from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTimeout
 from txbroker_sdk.requests import is_nameserver_url, parse_nameserver_url, uses_tls
 
 __all__ = ["ROUTE_REFRESH_S", "ClusterClient", "Route", "client_for"]
@@ -79,6 +79,11 @@ RECONNECT_S: Final = 1.0
 # one is looked for on every group's master.
 TX_REMEMBERED: Final = 10_000
 
+
+# No answer, or no connection any more, after the request was sent: it may have been stored, so
+# it is not sent again here, but the route may be stale (a master cut off answers nothing while
+# its group elects another), so the next request fetches it again.
+_OUTCOME_UNKNOWN: Final = (ConnectionClosed, RequestTimeout)
 
 # Refusals that say the route was wrong, with nothing stored: the broker is not reachable (the
 # request was never sent), the topic or the queue is not there (NOT_FOUND; a queue id beyond
@@ -144,8 +149,9 @@ class ClusterClient(Client):
     URL's order, moving on when one does not), are kept for ``refresh_s`` (30 s) and fetched
     again at once after a routing error: the group's broker unreachable before the request was
     sent, the topic or the queue unknown there. A request whose connection broke after it was
-    sent is not sent again (it may have been stored): it fails as with one broker, and the route
-    is fetched again for the next.
+    sent, or that got no answer within its timeout (``timeout_s``: a master cut off by a
+    partition answers nothing while its group elects another), is not sent again (it may have
+    been stored): it fails as with one broker, and the route is fetched again for the next.
 
     A :class:`~txbroker_sdk.consumer.Consumer` given a ``ClusterClient`` joins the consumer
     group on every group's master holding the topic's queues and pulls from all of them.
@@ -227,7 +233,7 @@ class ClusterClient(Client):
             k = (self._current + i) % n
             try:
                 res: RouteResponse = await self._nameservers[k].request(Opcode.ROUTE, req)
-            except ConnectionClosed as e:  # BrokerUnreachable too: asked again below
+            except _OUTCOME_UNKNOWN as e:  # BrokerUnreachable too: asked again below
                 errors.append(f"{self._nameservers[k].url}: {e}")
                 continue
             except Unauthenticated as e:
@@ -276,7 +282,7 @@ class ClusterClient(Client):
 
     # Requests.
 
-    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = None) -> Any:
         if opcode in (Opcode.SEND, Opcode.TX_PREPARE):
             return await self._routed(opcode, body, timeout_s)
         if opcode == Opcode.SEND_BATCH:
@@ -332,7 +338,7 @@ class ClusterClient(Client):
                     raise
                 log.info("to %s of %s: %s; fetching the route again", group.group, req.topic, e)
                 continue
-            except ConnectionClosed:
+            except _OUTCOME_UNKNOWN:
                 self._routes.pop(req.topic, None)  # may have been stored: not resent
                 raise
             if isinstance(res, SendReceipt):
@@ -373,6 +379,9 @@ class ClusterClient(Client):
             )
             pending = []
             for items, res in zip(parts.values(), results, strict=True):
+                if isinstance(res, _OUTCOME_UNKNOWN):
+                    for _, m, _ in items:  # may have been stored: not resent
+                        self._routes.pop(m.topic, None)
                 if isinstance(res, BaseException):
                     if attempt == 2 or not _routing_error(res):
                         raise res
@@ -497,10 +506,10 @@ class ClusterClient(Client):
             group, address = remembered
             try:
                 return await self.broker(address).request(opcode, req, timeout_s=timeout_s)
-            except (*_ROUTING_ERRORS, ConnectionClosed) as e:
+            except (*_ROUTING_ERRORS, *_OUTCOME_UNKNOWN) as e:
                 # Ending or showing a transaction again is harmless (the same decision twice
                 # is answered as a duplicate): after a lost answer too, ask the master now.
-                moved = _routing_error(e) or isinstance(e, ConnectionClosed)
+                moved = _routing_error(e) or isinstance(e, _OUTCOME_UNKNOWN)
                 current = (await self.masters()).get(group) if moved else None
                 if not current or current == address:
                     raise

@@ -360,7 +360,9 @@ class Connection:
             wire.close()
             await asyncio.wait([wire.lost], timeout=self._timeout_s)
 
-    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = 30.0) -> Any:
+    async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = None) -> Any:
+        """Send a request and await its answer: :class:`RequestTimeout` after ``timeout_s``
+        (default: the client's ``timeout_s``) without one, its outcome unknown."""
         await self._ensure_connected()
         return await self._send_request(opcode, body, timeout_s)
 
@@ -382,8 +384,10 @@ class Connection:
         return corr, fut
 
     def _send_frame(self, opcode: Opcode, body: Any, timeout_s: float | None) -> int:
-        """Queue a request's frame under a new correlation id, with its deadline; the id. The
-        frame is encoded first, so a request refused here (too large) leaves nothing behind."""
+        """Queue a request's frame under a new correlation id, with its deadline (``timeout_s``,
+        else the client's: a request to a peer gone silent must fail, not wait for TCP to give
+        up); the id. The frame is encoded first, so a request refused here (too large) leaves
+        nothing behind."""
         if self._closed is not None:
             raise self._closed
         loop, out = self._loop, self._out
@@ -391,10 +395,11 @@ class Connection:
         corr = next(self._ids) & 0xFFFFFFFF
         frame = encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body))
         self._quiet = False
-        if timeout_s is not None:
-            self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
-            if self._sweeper is None or self._sweeper.done():
-                self._sweeper = loop.create_task(self._sweep())
+        if timeout_s is None:
+            timeout_s = self._timeout_s
+        self._deadlines[corr] = (time.monotonic() + timeout_s, timeout_s)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep())
         out.add(frame)
         return corr
 
@@ -407,7 +412,7 @@ class Connection:
         opcode: Opcode,
         body: Any,
         *,
-        timeout_s: float | None = 30.0,
+        timeout_s: float | None = None,
         drained: bool = True,
     ) -> asyncio.Future[Any]:
         """Send a request without waiting for its answer: the returned future gets the answer
@@ -428,7 +433,7 @@ class Connection:
         return fut
 
     def post(
-        self, opcode: Opcode, body: Any, *, note: str = "", timeout_s: float | None = 30.0
+        self, opcode: Opcode, body: Any, *, note: str = "", timeout_s: float | None = None
     ) -> None:
         """Send a request whose answer nobody awaits (as RocketMQ's producer sends its
         end-transaction one-way): no future is made for it, which in a CPU-bound service is

@@ -8,6 +8,9 @@ brokers with sync replication, a NameServer. The lease is election.DEFAULT_TTL_S
 - etcd stopped (SIGSTOP): the master's keep-alives go unanswered, so it refuses writes before
   the lease's TTL has passed since the pause (its last keep-alive was sent before the pause);
   once etcd resumes a master is elected again and writes through the NameServer succeed.
+- the master stopped (SIGSTOP), a silent peer as across a partition that drops packets: a
+  request to it through the NameServer fails by the client's timeout, and the next goes to the
+  newly elected master.
 - the master stopped (SIGSTOP): another broker is elected and takes writes; the old master,
   woken, does not acknowledge a write that reached it while frozen, rejoins as a slave and
   catches up. Offline, each log is read back with the store's own code: every acknowledged
@@ -42,6 +45,8 @@ from txbroker.store.commitlog import ScannedRecord
 from txbroker.store.record import decode_properties
 from txbroker.store.replication import parse_records
 from txbroker_sdk import Client
+from txbroker_sdk.cluster import ClusterClient
+from txbroker_sdk.errors import RequestTimeout
 
 GROUP: Final = "g1"
 TOPIC: Final = "orders"
@@ -53,6 +58,13 @@ STEP_DOWN_BOUND_S: Final = 10.0  # how long the probes go on before the test giv
 PAUSE_S: Final = DEFAULT_TTL_S + 0.5  # etcd stays stopped past the lease's TTL
 ELECTION_BOUND_S: Final = 30.0
 SEND_BOUND_S: Final = 20.0  # one acknowledged send, its retries included
+# A client's request timeout short next to an election, so a request that ended by its own
+# timeout is told from one that waited for the failover.
+SILENT_TIMEOUT_S: Final = 1.0
+# The election's target (the lease's TTL plus 2 s to take over, txbroker/cluster/election.py),
+# one request timeout for the attempt that went to the silent master last, and 1 s for the
+# retries, the route fetches and the new master's first sync write.
+REROUTED_BOUND_S: Final = DEFAULT_TTL_S + 2.0 + SILENT_TIMEOUT_S + 1.0
 
 
 @pytest.fixture
@@ -103,7 +115,9 @@ async def test_a_master_cut_off_from_etcd_steps_down_before_its_lease_ends(
     cluster: Cluster,
 ) -> None:
     master = (await cluster.masters())[GROUP]
-    async with Client(master.address, timeout_s=5) as direct:
+    # Past the broker's replication timeout (5 s): a probe waiting for its slaves at the
+    # step-down ends in its answer (ReplicationTimeout), not in this client's RequestTimeout.
+    async with Client(master.address, timeout_s=10) as direct:
         for i in range(20):
             await direct.send(TOPIC, b"before", key=f"before-{i}")
 
@@ -324,3 +338,41 @@ def _first_difference(a: list[ScannedRecord], b: list[ScannedRecord]) -> str:
         if x != y:
             return f"{i}: {x} against {y}"
     return f"{min(len(a), len(b))}: one log ends there"
+
+
+async def test_a_request_to_a_silent_master_times_out_and_the_next_goes_to_the_new_one(
+    cluster: Cluster,
+) -> None:
+    async with await Client.connect(cluster.url, timeout_s=SILENT_TIMEOUT_S) as c:
+        assert isinstance(c, ClusterClient)
+        await c.send(TOPIC, b"before", key="k")  # the route and the master's connection made
+        old = (await cluster.masters())[GROUP]
+        # Stopped, the master's kernel still takes the client's bytes and acknowledges them:
+        # nothing breaks and nothing answers.
+        with stopped(_pid(cluster.member(old.broker_id))):
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout):
+                async with asyncio.timeout(REROUTED_BOUND_S):
+                    await c.send(TOPIC, b"w", key="k", idempotency_key="w")
+            timed_out_s = time.monotonic() - started
+            fetches = c.route_fetches
+            # Sent again as a writer does, until acknowledged: by the new master.
+            async with asyncio.timeout(REROUTED_BOUND_S):
+                while True:
+                    try:
+                        await c.send(TOPIC, b"w", key="k", idempotency_key="w")
+                        break
+                    except TxbError:
+                        await asyncio.sleep(PROBE_EVERY_S)  # the next attempt, not a sync
+            rerouted_s = time.monotonic() - started
+            new = (await cluster.masters())[GROUP]
+            routed_to = (await c.route(TOPIC)).groups[0].master
+    print(
+        f"\nthe request to the silent master failed after {timed_out_s:.2f} s; the write was "
+        f"acknowledged by {new.broker_id} {rerouted_s:.2f} s after the master went silent"
+    )
+    # The sweeper checks deadlines every 50 ms: the timeout fires that late at most.
+    assert timed_out_s < SILENT_TIMEOUT_S + 0.5
+    assert c.route_fetches > fetches  # the route was fetched again after the timeout
+    assert new.broker_id != old.broker_id
+    assert routed_to == new.address

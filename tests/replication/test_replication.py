@@ -124,6 +124,36 @@ async def test_sync_send_fails_in_bounded_time_without_its_slave(brokers: Broker
         await asyncio.wait_for(a.create_topic("u", queues=1), timeout=5)
 
 
+async def test_a_resent_write_is_not_acknowledged_before_its_slave_has_it(
+    brokers: Brokers,
+) -> None:
+    """The first attempt timed out waiting for the slave, but its record is in the master's
+    log: the same idempotency key sent again finds it there, and must not be answered as a
+    duplicate (an acknowledgement) while no slave holds it."""
+    master = brokers.master("master", "--replication", "sync", "--replication-timeout-ms", "1000")
+    slave = brokers.slave(master)
+    async with await Client.connect(master.url) as c:
+        await c.create_topic("t", queues=1)
+        await c.send("t", b"replicated", idempotency_key="first")
+        slave.stop()
+        with pytest.raises(ReplicationTimeout):
+            await c.send("t", b"on the master only", idempotency_key="second")
+        with pytest.raises(ReplicationTimeout):
+            await c.send("t", b"on the master only", idempotency_key="second")
+        # One already on the slave is answered as a duplicate at once.
+        again = await asyncio.wait_for(c.send("t", b"replicated", idempotency_key="first"), 5)
+        assert again.duplicate
+        brokers.slave(master, "slave")  # the same data directory: it catches up
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    receipt = await c.send("t", b"on the master only", idempotency_key="second")
+                    break
+                except ReplicationTimeout:
+                    continue  # the slave is still starting; each attempt waits 1 s
+        assert receipt.duplicate
+
+
 async def test_a_killed_slave_recovers_and_catches_up(brokers: Brokers) -> None:
     master = brokers.master()
     slave = brokers.slave(master)

@@ -24,11 +24,22 @@ from txbroker.chaos.cluster import Cluster
 from txbroker.chaos.history import Delivery, History, Outcome, Report, Stored, check
 from txbroker.chaos.nemesis import PARTITIONS, GroupHosts, Nemesis
 from txbroker.chaos.netns import TestNet
+from txbroker.cluster.election import DEFAULT_TTL_S
 from txbroker.errors import TxbError
+from txbroker.protocol.frames import Opcode
+from txbroker.protocol.messages import GroupsRequest
 from txbroker_sdk import Client
 from txbroker_sdk.consumer import Consumer
 
-__all__ = ["FLAP", "GROUP", "TOPIC", "Timing", "partition_cluster", "run_partition"]
+__all__ = [
+    "FAILOVER_BOUND_S",
+    "FLAP",
+    "GROUP",
+    "TOPIC",
+    "Timing",
+    "partition_cluster",
+    "run_partition",
+]
 
 GROUP: Final = "g1"
 TOPIC: Final = "history"
@@ -38,6 +49,12 @@ CHECKER_GROUP: Final = "history-check"
 # A writer's request: past a healthy sync write by far, short enough that a writer cut from
 # the master notices within the partition and tries the NameServer's current master again.
 REQUEST_TIMEOUT_S: Final = 2.0
+# The longest the group may go without acknowledging a write when its master is cut off from
+# everything: a new master within the election's target (the lease's TTL plus 2 s to take over,
+# txbroker/cluster/election.py), plus one request timeout (a writer's attempt sent to the silent
+# old master just before the NameServer named the new one fails only then), plus 1 s for the
+# retry pause, the route fetch and the new master's first sync write.
+FAILOVER_BOUND_S: Final = DEFAULT_TTL_S + 2.0 + REQUEST_TIMEOUT_S + 1.0
 RETRY_PAUSE_S: Final = 0.05  # after a failed attempt: no hot loop against a group that is down
 READ_BOUND_S: Final = 60.0  # reading everything back after the heal, bounded
 GROUP_WHOLE_S: Final = 60.0  # every broker registered again, one master, after the heal
@@ -176,19 +193,66 @@ async def _running(tasks: list[asyncio.Task[None]], seconds: float) -> None:
 
 async def read_back(cluster: Cluster, at_least: int) -> list[Stored]:
     """Every message of TOPIC at the group's master, by a consumer group of its own from the
-    start: until ``at_least`` came and a fetch finds no more (bounded)."""
+    start: until a fetch finds no more and either ``at_least`` came or every queue was read to
+    its end at the master (bounded; what is missing then is the checker's to report)."""
     got: list[Stored] = []
     group = f"{CHECKER_GROUP}-{uuid.uuid4().hex[:8]}"
     async with (
         await Client.connect(cluster.url, timeout_s=5) as c,
         Consumer(c, group, TOPIC, hold_ms=300) as cons,
-        asyncio.timeout(READ_BOUND_S),
     ):
-        while True:
-            batch = await cons.fetch(300)
-            for m in batch:
-                msg = m.msg
-                got.append(Stored(msg.body.decode(), msg.key or "", msg.queue_id, msg.queue_offset))
-                m.ack()
-            if not batch and len(got) >= at_least:
-                return got
+        try:
+            async with asyncio.timeout(READ_BOUND_S):
+                while True:
+                    batch = await cons.fetch(300)
+                    for m in batch:
+                        msg = m.msg
+                        stored = Stored(
+                            msg.body.decode(), msg.key or "", msg.queue_id, msg.queue_offset
+                        )
+                        got.append(stored)
+                        m.ack()
+                    if not batch and (len(got) >= at_least or await _at_end(cons, cluster)):
+                        return got  # the checker tells any acknowledged write not read
+        except TimeoutError:
+            ends: dict[int, int] = {}
+            for s in got:
+                ends[s.queue_id] = max(ends.get(s.queue_id, -1), s.queue_offset)
+            raise AssertionError(
+                f"read back {len(got)} messages of at least {at_least} acknowledged within "
+                f"{READ_BOUND_S:g} s; the last offset read per queue: {ends}; "
+                f"{await _where(cluster, group)}"
+            ) from None
+
+
+async def _at_end(cons: Consumer, cluster: Cluster) -> bool:
+    """Whether ``cons``'s group has read every queue of TOPIC to its end at the master."""
+    await cons.commit()
+    async with Client(
+        (await cluster.masters())[GROUP].address, timeout_s=5, connect_deadline_s=0
+    ) as c:
+        res = await c.request(Opcode.OFFSETS, GroupsRequest(cons.group, TOPIC))
+    queues = [q for g in res.groups for q in g.queues]
+    return bool(queues) and all(q.committed >= q.max_offset for q in queues)
+
+
+async def _where(cluster: Cluster, group: str) -> str:
+    """Each broker's role, its queues' ends and ``group``'s view there: what a failed read
+    back needs to be told apart (a message missing, or a queue not assigned or not readable)."""
+    seen = []
+    masters = await cluster.masters()
+    for m in cluster.members:
+        try:
+            async with Client(m.proc.url, timeout_s=2, connect_deadline_s=0) as c:
+                res = await c.request(Opcode.OFFSETS, GroupsRequest(group, TOPIC))
+                info = str(
+                    [
+                        (g.members, [(q.queue, q.max_offset, q.committed) for q in g.queues])
+                        for g in res.groups
+                    ]
+                )
+        except TxbError as e:
+            info = f"unreachable: {e}"
+        role = "master" if masters[GROUP].broker_id == m.broker_id else "slave"
+        seen.append(f"{m.broker_id} ({role}): {info}")
+    return "; ".join(seen)

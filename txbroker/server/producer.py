@@ -103,9 +103,9 @@ class Producer:
         """:meth:`publish` for requests with idempotency keys, answered once durable: every
         request is checked, every key looked up, then the new messages are appended in one
         all-or-nothing batch. A key already stored (or repeated in ``reqs``) is answered with
-        the first receipt, ``duplicate=True``. Keys are claimed all at once, after waiting
-        (while claiming none) for requests holding any of them, so two never wait on each
-        other."""
+        the first receipt, ``duplicate=True``, once that is durable too. Keys are claimed all
+        at once, after waiting (while claiming none) for requests holding any of them, so two
+        never wait on each other."""
         built = [(self._stored_form(r), self._topics.get(r.topic)) for r in reqs]
         keys = {r.idempotency_key for r in reqs if r.idempotency_key is not None}
         while held := [self._inflight[k] for k in keys if k in self._inflight]:
@@ -115,10 +115,16 @@ class Producer:
         self._inflight.update(claimed)
         try:
             by_key: dict[str, SendReceipt] = {}
+            # A key found stored may not be durable yet: its first request may have timed out
+            # waiting for the slaves, its record left in the log. A duplicate is an
+            # acknowledgement too, so it waits for what it answers for, as the first did.
+            undurable = False
             for k in keys:
                 found = await self._find_stored(k)
                 if found is not None:
                     by_key[k] = _receipt(found, duplicate=True)
+                    end = found.physical_offset + found.size
+                    undurable = undurable or end > self._store.readable_offset
             todo: list[int] = []  # what is appended: no key, or a key's first new message
             for i, r in enumerate(reqs):
                 ik = r.idempotency_key
@@ -128,6 +134,8 @@ class Producer:
                         by_key[ik] = _PENDING
             msgs = [self._still_valid(reqs[i], *built[i]) for i in todo]
             new, durable = self._append(msgs)
+            if durable is None and undurable:
+                durable = self._store.durable_together()
             if durable is not None:
                 await asyncio.shield(durable)
             out = dict(zip(todo, new, strict=True))
