@@ -8,7 +8,9 @@ request frames through ``data_received``, as the event loop would, each round wa
 answer to be written. A round is 64 SEND frames (single sends) or 8 SEND_BATCH frames of 32
 messages (batches). The loop runs under ``valgrind --tool=callgrind`` twice, with ``rounds``
 rounds and with none, and the difference divided by the messages is the figure: the broker's
-start-up, the imports and the first round's warm-up cancel out.
+start-up, the imports and the first round's warm-up cancel out. Single sends vary by several
+per cent from run to run (how many answers share a group commit depends on the disk's timing);
+batches by about one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ _COLLECTED: Final = re.compile(r"Collected : (\d+)")
 
 @dataclass(frozen=True)
 class InstructionsResult:
-    build: str  # txbroker.build's description of the modules that ran
+    build: str  # the build the loop imported (txbroker.runtime.build)
     rounds: int
     single_instructions_per_message: int
     batch_instructions_per_message: int
@@ -136,8 +138,8 @@ async def _loop(kind: str, rounds: int, data_dir: Path) -> None:
         await server.stop()
 
 
-def _collected(kind: str, rounds: int, valgrind: str, data_root: Path | None) -> int:
-    """Instructions of one callgrind run of the loop."""
+def _collected(kind: str, rounds: int, valgrind: str, data_root: Path | None) -> tuple[int, str]:
+    """Instructions of one callgrind run of the loop, and the build it imported."""
     root = Path(tempfile.mkdtemp(prefix="txb-instr-", dir=data_root))
     try:
         cmd = [
@@ -155,7 +157,7 @@ def _collected(kind: str, rounds: int, valgrind: str, data_root: Path | None) ->
         m = _COLLECTED.search(done.stderr)
         if done.returncode != 0 or m is None:
             raise RuntimeError(f"callgrind run failed ({done.returncode}): {done.stderr[-2000:]}")
-        return int(m.group(1))
+        return int(m.group(1)), done.stdout.strip()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -163,18 +165,22 @@ def _collected(kind: str, rounds: int, valgrind: str, data_root: Path | None) ->
 def bench_instructions(rounds: int, data_root: Path | None = None) -> InstructionsResult:
     """Instructions per message of single sends and of batched messages, for the build that
     this interpreter imports."""
-    from txbroker.runtime.build import BUILD
-
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise InvalidArgument("valgrind is not installed (apt-get install valgrind)")
     per: dict[str, int] = {}
+    builds: set[str] = set()
+    # A first run compiles the .pyc files that the measured runs then all load from the cache.
+    _collected("single", 0, valgrind, data_root)
     for kind in ("single", "batch"):
         _, _, messages = _frames(kind)
-        base = _collected(kind, 0, valgrind, data_root)
-        full = _collected(kind, rounds, valgrind, data_root)
+        base, base_build = _collected(kind, 0, valgrind, data_root)
+        full, full_build = _collected(kind, rounds, valgrind, data_root)
         per[kind] = round((full - base) / (rounds * messages))
-    return InstructionsResult(BUILD.describe(), rounds, per["single"], per["batch"])
+        builds |= {base_build, full_build}
+    if len(builds) != 1:
+        raise RuntimeError(f"the callgrind runs imported different builds: {sorted(builds)}")
+    return InstructionsResult(builds.pop(), rounds, per["single"], per["batch"])
 
 
 def format_instructions(res: InstructionsResult) -> str:
@@ -196,6 +202,9 @@ def main() -> None:
     args = p.parse_args()
     import uvloop  # the broker's loop
 
+    from txbroker.runtime.build import BUILD
+
+    print(BUILD.describe())  # what this process imports: its path may differ from its caller's
     uvloop.run(_loop(args.kind, args.rounds, args.data_dir))
 
 
