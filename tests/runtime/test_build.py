@@ -14,13 +14,15 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import BrokerProcess
 from txbroker import __version__
-from txbroker.runtime.build import BUILD, COMPILED_MODULES, detect
+from txbroker.runtime import build
+from txbroker.runtime.build import BUILD, COMPILED_MODULES, Build, detect
 
 EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
@@ -78,3 +80,26 @@ def test_a_broker_says_which_build_serves(broker: BrokerProcess) -> None:
     [target] = [line for line in metrics.splitlines() if line.startswith("target_info{")]
     assert re.search(rf'txbroker_build="{BUILD.kind}"', target), target
     assert f'service_version="{__version__}"' in target
+
+
+def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:
+    # A package of one compiled module, its source then edited: it would import the old code.
+    pkg = tmp_path / "stalepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    so = pkg / f"codec{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    so.write_bytes(b"")
+    source = pkg / "codec.py"
+    source.write_text("")
+    os.utime(so, (1_000_000, 1_000_000))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(build, "COMPILED_MODULES", ("stalepkg.codec",))
+            found = build.detect()
+            assert found == Build(("stalepkg.codec",), ("stalepkg.codec",))
+            assert found.describe() == "compiled (mypyc, 1 module), stale: stalepkg.codec"
+            os.utime(source, (1_000_000, 1_000_000))
+            assert build.detect().stale == ()
+    finally:
+        sys.path.remove(str(tmp_path))

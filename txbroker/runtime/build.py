@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 __all__ = ["BUILD", "COMPILED_MODULES", "Build", "detect"]
@@ -41,6 +42,9 @@ _EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 @dataclass(frozen=True, slots=True)
 class Build:
     compiled: tuple[str, ...]  # the modules of COMPILED_MODULES that import as extensions
+    # Compiled modules whose .py file changed after they were compiled: their edits do not run
+    # until `make compiled` (Python imports the extension module whatever its age).
+    stale: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -52,7 +56,9 @@ class Build:
         if not self.compiled:
             return "pure Python"
         partial = "" if len(self.compiled) == len(COMPILED_MODULES) else " (partial)"
-        return f"compiled (mypyc, {len(self.compiled)} modules){partial}"
+        stale = f", stale: {', '.join(self.stale)}" if self.stale else ""
+        n = len(self.compiled)
+        return f"compiled (mypyc, {n} module{'s' if n != 1 else ''}){partial}{stale}"
 
 
 def _origin(name: str) -> str | None:
@@ -71,8 +77,17 @@ def _origin(name: str) -> str | None:
 
 
 def detect() -> Build:
-    """The build that importing the hot-path modules loads: which of them are extensions."""
-    return Build(tuple(m for m in COMPILED_MODULES if (_origin(m) or "").endswith(_EXTENSIONS)))
+    """The build that importing the hot-path modules loads: which of them are extensions, and
+    which of those are older than their source."""
+    compiled, stale = [], []
+    for m in COMPILED_MODULES:
+        origin = Path(_origin(m) or "")
+        if origin.name.endswith(_EXTENSIONS):
+            compiled.append(m)
+            source = origin.with_name(m.rsplit(".", 1)[-1] + ".py")
+            if source.exists() and source.stat().st_mtime > origin.stat().st_mtime:
+                stale.append(m)
+    return Build(tuple(compiled), tuple(stale))
 
 
 BUILD: Final = detect()
