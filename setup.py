@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import tomllib
 from pathlib import Path
 
 from setuptools import setup
@@ -41,8 +42,12 @@ if os.environ.get("TXB_COMPILE") == "1":
     try:
         from mypyc.build import mypycify
     except ImportError:
-        # The build frontend's first pass (get_requires_for_build_wheel) asks what to install.
-        setup(setup_requires=[MYPYC])
+        # The build frontend's first pass (get_requires_for_build_wheel) asks what to install:
+        # mypyc type-checks the modules against the packages they import, so those too.
+        project = tomllib.loads((HERE / "pyproject.toml").read_text())["project"]
+        extras = project["optional-dependencies"]
+        needs = [MYPYC, *project["dependencies"], *extras["sdk"], *extras["otel"]]
+        setup(setup_requires=needs)
         raise
     # mypyc type-checks what the modules import: the packages under the design card's folders.
     os.environ["MYPYPATH"] = os.pathsep.join(
