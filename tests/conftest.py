@@ -132,6 +132,18 @@ def _worker_group(item: pytest.Item) -> str | None:
     return None
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # An extension module older than its source still imports: the tests would test old code.
+    from txbroker.runtime.build import BUILD
+
+    if BUILD.stale:
+        pytest.exit(
+            f"compiled modules older than their sources: {', '.join(BUILD.stale)}; "
+            "run `make compiled` (or `make pure` to run them as Python)",
+            returncode=4,
+        )
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

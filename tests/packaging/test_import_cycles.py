@@ -14,6 +14,7 @@ import importlib.util
 from collections import deque
 from functools import cache
 from itertools import pairwise
+from pathlib import Path
 
 import grimp
 import pytest
@@ -41,7 +42,10 @@ def _lines_in_functions(module: str) -> frozenset[int]:
     """The source lines of the imports inside a function body of ``module``."""
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None, module
-    with open(spec.origin, encoding="utf-8") as f:
+    source = Path(spec.origin)
+    if source.suffix != ".py":  # compiled (the compiled hot path): its source is beside it
+        source = source.with_name(module.rsplit(".", 1)[-1] + ".py")
+    with open(source, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     lines: set[int] = set()
     for fn in ast.walk(tree):

@@ -7,11 +7,17 @@ isolation, so nothing is downloaded), as a release would build it.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
+
+from txbroker.runtime.build import COMPILED_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
@@ -37,17 +43,25 @@ def _tracked_copy(dest: Path) -> Path:
     return dest
 
 
-def test_the_wheel_installs_only_txbroker_packages_with_their_data(tmp_path: Path) -> None:
+def _wheel(tmp_path: Path, env: dict[str, str], timeout_s: float) -> Path:
     src = _tracked_copy(tmp_path / "src")
     out = tmp_path / "dist"
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
     subprocess.run(
         [*pip, "--wheel-dir", str(out), str(src)],
         check=True,
-        timeout=240,
+        timeout=timeout_s,
+        env={**os.environ, **env},
     )
     [wheel] = out.glob("txbroker-*.whl")
+    return wheel
+
+
+def test_the_wheel_installs_only_txbroker_packages_with_their_data(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, {"TXB_COMPILE": ""}, 240)
+    assert wheel.name.endswith("-py3-none-any.whl")  # pure: no compiler, any platform
     names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith(".so")]
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == PACKAGES, f"unexpected top-level names: {sorted(top - PACKAGES)}"
     assert not any(n.startswith(("examples/", "tests/", "migrations/", "sdk/")) for n in names)
@@ -63,3 +77,16 @@ def test_the_wheel_installs_only_txbroker_packages_with_their_data(tmp_path: Pat
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text  # the SPDX form, not the deprecated table
+
+
+@pytest.mark.timeout(900)  # mypyc checks and gcc compiles: a minute of CPU, more when loaded
+def test_the_compiled_wheel_holds_the_listed_modules_compiled(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, {"TXB_COMPILE": "1"}, 900)
+    assert re.search(r"-cp3\d+-cp3\d+-linux_x86_64\.whl$", wheel.name), wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    extensions = {n.split(".", 1)[0].replace("/", ".") for n in names if n.endswith(".so")}
+    # Each module: its extension, and the library with its code (mypyc's separate compilation).
+    assert extensions == {*COMPILED_MODULES, *(f"{m}__mypyc" for m in COMPILED_MODULES)}
+    # The sources ship too: the same files, readable in tracebacks and by type checkers.
+    for module in COMPILED_MODULES:
+        assert module.replace(".", "/") + ".py" in names

@@ -17,6 +17,17 @@ from txbroker.errors import TxbError
 __all__ = ["build_parser", "main"]
 
 
+class _Version(argparse.Action):
+    """``--version``: read only when asked (the build is found by looking for files)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from txbroker import __version__
+        from txbroker.runtime.build import BUILD
+
+        print(f"txbroker {__version__}, build: {BUILD.describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from txbroker.cli import (
         bench,
@@ -38,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="txbroker",
         description="Transactional messaging for Python services: the broker and its tools.",
         epilog="Run `txbroker COMMAND --help` for a command's options.",
+    )
+    p.add_argument(
+        "--version", action=_Version, nargs=0, help="print the version and which build runs"
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The order of `txbroker --help`: running the broker, using it, a service's side, figures.

@@ -1,10 +1,10 @@
 """`txbroker bench BENCH`: figures.
 
-store, produce, e2e, http, tx, service, disk, recovery, tx-recovery, growth, reconcile and cli are
-registered here; fuzz, peers and failover have their options and tables in bench_fuzz.py,
-bench_peers.py and bench_failover.py. Each prints a summary (medians over ``--runs``), or one
-JSON object with ``--json``. Progress goes to stderr: a bar on a terminal, a line per finished
-run in a log, nothing with --json.
+store, produce, e2e, http, tx, service, disk, recovery, tx-recovery, growth, reconcile, cli and
+instructions are registered here; fuzz, peers and failover have their options and tables in
+bench_fuzz.py, bench_peers.py and bench_failover.py. Each prints a summary (medians over
+``--runs``), or one JSON object with ``--json``. Progress goes to stderr: a bar on a terminal, a
+line per finished run in a log, nothing with --json.
 """
 
 from __future__ import annotations
@@ -242,6 +242,15 @@ def register(sub: Subparsers) -> None:
     bc.add_argument("--json", action="store_true", help=_JSON_HELP)
     bc.set_defaults(func=_cli)
 
+    bi = bsub.add_parser(
+        "instructions",
+        help="instructions per message of the broker's hot path, under callgrind (in-process)",
+    )
+    bi.add_argument("--rounds", type=positive, default=20, help="rounds of 64 sends (8 batches)")
+    bi.add_argument("--data-dir", help="where to put the broker's data (default: $TMPDIR)")
+    bi.add_argument("--json", action="store_true", help="print one JSON object")
+    bi.set_defaults(func=_instructions)
+
     register_fuzz(bsub)
 
     register_peers(bsub)
@@ -453,4 +462,13 @@ def _cli(args: argparse.Namespace) -> int:
     with RunProgress("cli bench", enabled=not args.json) as progress:
         res = bench_cli(args.runs, _root(args), progress)
     print(json.dumps(res.as_dict()) if args.json else format_cli(res))
+    return 0
+
+
+def _instructions(args: argparse.Namespace) -> int:
+    from txbroker.bench.instructions import bench_instructions, format_instructions
+
+    with status("four callgrind runs of the in-process loop ...", enabled=not args.json):
+        res = bench_instructions(args.rounds, _root(args))
+    print(json.dumps(asdict(res)) if args.json else format_instructions(res))
     return 0

@@ -321,7 +321,9 @@ def config_from_args(
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from txbroker import __version__
     from txbroker.console import console_routes
+    from txbroker.runtime.build import BUILD
     from txbroker.runtime.tracing import setup_tracing
     from txbroker.server.app import serve
 
@@ -330,6 +332,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     config = config_from_args(args, os.environ)
     setup_tracing("txbroker-broker")  # only when OTEL_* asks for traces (the default name)
+    log.info("txbroker %s, build: %s", __version__, BUILD.describe())
     log.info(
         "back-checks: first after %d ms, then every %d..%d ms; parked after %d checks; "
         "stalled after %d ms of checks that reach no one",

@@ -19,6 +19,7 @@ from txbroker.protocol.frames import PROTOCOL_VERSION
 from txbroker.protocol.messages import Hello, HelloOk
 from txbroker.protocol.wrongport import http_port_note
 from txbroker.runtime.brokerproc import READY_PREFIX
+from txbroker.runtime.build import BUILD
 from txbroker.runtime.fdlimit import FileLimit, open_files, raise_nofile_limit
 from txbroker.runtime.gctune import tune_for_serving
 from txbroker.runtime.httpserve import HttpServer
@@ -593,7 +594,8 @@ async def serve(config: ServerConfig, http_routes: HttpRoutes | None = None) -> 
     print(
         f"{READY_PREFIX} tcp={config.host}:{server.port} http={config.host}:{server.http_port} "
         f"data={config.data_dir} "
-        f"flush={config.flush.value}" + (" tls=on" if config.tls_cert is not None else ""),
+        f"flush={config.flush.value} build={BUILD.kind}"
+        + (" tls=on" if config.tls_cert is not None else ""),
         flush=True,
     )
     restart = asyncio.ensure_future(server.restart.wait())

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from txbroker import __version__
+from txbroker.runtime.build import BUILD
 from txbroker.server.admin import Admin
 from txbroker.server.admission import Admission
 from txbroker.server.groups import GroupCoordinator
@@ -88,7 +90,14 @@ class BrokerMetrics:
             return get_meter("txbroker.broker")
         self.registry = CollectorRegistry(auto_describe=True)
         reader = PrometheusMetricReader(registry=self.registry)
-        resource = Resource.create({"service.name": "txbroker-broker"})
+        # Labels of target_info on /metrics: which build serves (pure Python or compiled).
+        resource = Resource.create(
+            {
+                "service.name": "txbroker-broker",
+                "service.version": __version__,
+                "txbroker.build": BUILD.kind,
+            }
+        )
         self._provider = MeterProvider(metric_readers=[reader], resource=resource)
         return self._provider.get_meter("txbroker.broker")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import msgspec
 
@@ -112,12 +112,15 @@ class Appender:
         """Validate and encode what does not depend on the log position."""
         if not isinstance(msg, Message):
             raise InvalidArgument(f"expected a Message, got {type(msg).__name__}")
-        topic = msg.topic
+        # Read untyped: a field of any type must reach its check below (compiled by mypyc, a
+        # typed read raises TypeError first).
+        m: Any = msg
+        topic = m.topic
         tb = self._topic_bytes.get(topic)
         if tb is None:
             validate_topic(topic)
             tb = self._topic_bytes[topic] = topic.encode()
-        body: object = msg.body
+        body: object = m.body
         if type(body) is not bytes:
             if not isinstance(body, bytearray | memoryview):
                 raise InvalidArgument(f"body must be bytes, not {type(body).__name__}")
@@ -126,16 +129,16 @@ class Appender:
             raise MessageTooLarge(
                 f"message body is {len(body)} bytes; the limit is {self._max_body}"
             )
-        qid = msg.queue_id
+        qid = m.queue_id
         if type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID:
             raise InvalidArgument(f"queue_id must be an int in 0..{MAX_QUEUE_ID}, not {qid!r}")
-        flags = msg.flags
+        flags = m.flags
         if not isinstance(flags, int) or not 0 <= flags <= 0xFFFF:  # RecordFlag is an int
             raise InvalidArgument(f"flags must be an int in 0..65535, not {flags!r}")
-        born = msg.born_timestamp_ms
+        born = m.born_timestamp_ms
         if type(born) is not int or born < 0:
             raise InvalidArgument(f"born_timestamp_ms must be a non-negative int, not {born!r}")
-        props = msg.properties
+        props = m.properties
         if not isinstance(props, dict):
             raise InvalidArgument(f"properties must be a dict, not {type(props).__name__}")
         mid = props.get(PROP_MESSAGE_ID)

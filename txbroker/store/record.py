@@ -13,7 +13,7 @@ import enum
 import mmap
 import struct
 from collections.abc import Mapping
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import google_crc32c
 import msgspec
@@ -124,7 +124,8 @@ _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
 def encode_properties(properties: Mapping[str, str]) -> bytes:
     if not properties:
         return b""
-    for k, v in properties.items():
+    given: Any = properties  # untyped: a wrong type must reach the check (mypyc checks first)
+    for k, v in given.items():
         if type(k) is not str or type(v) is not str:
             raise InvalidArgument(f"properties must map str to str, got {k!r}: {v!r}")
     data = _props_encoder.encode(properties)
@@ -149,7 +150,9 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     topic: str
     body: bytes
     queue_id: int = 0
-    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    # msgspec copies an empty mutable default for each instance. Not msgspec.field(): compiled
+    # by mypyc, a class attribute must have its annotated type.
+    properties: dict[str, str] = {}
     flags: int = 0
     born_timestamp_ms: int = 0
 
