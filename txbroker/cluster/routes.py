@@ -109,6 +109,10 @@ class BrokerInfo:
     # The last master epoch its log holds writes of (server/epochs.py): with the flushed
     # offset, what ranks candidates for the election (the most recent history wins).
     log_epoch: int = 0
+    # An etcd revision read just before the offsets above were (0: not read): everything
+    # etcd had done by then, a master key's deletion included, happened before this report's
+    # offsets were taken. What makes a report fresh for an election (Membership.eligible).
+    seen_revision: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -121,6 +125,7 @@ class BrokerInfo:
                 "flushed_offset": self.flushed_offset,
                 "epoch": self.epoch,
                 "log_epoch": self.log_epoch,
+                "seen_revision": self.seen_revision,
             },
             sort_keys=True,
         ).encode()
@@ -138,6 +143,7 @@ class BrokerInfo:
                 int(d.get("flushed_offset", 0)),
                 int(d.get("epoch", 0)),
                 int(d.get("log_epoch", 0)),
+                int(d.get("seen_revision", 0)),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise CoordinationError(f"broker registration {d!r}: {e!r}") from e

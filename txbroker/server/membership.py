@@ -142,7 +142,7 @@ class Membership:
         :meth:`stop`: one connection per broker, which its console's Cluster page reads too."""
         return self._coordinator
 
-    def info(self) -> BrokerInfo:
+    def info(self, seen_revision: int = 0) -> BrokerInfo:
         s = self.settings
         return BrokerInfo(
             s.group,
@@ -153,6 +153,7 @@ class Membership:
             self._flushed_offset(),
             self.epoch,
             self._log_epoch(),
+            seen_revision,
         )
 
     async def start(self) -> None:
@@ -220,9 +221,10 @@ class Membership:
 
         An acknowledged write is on the old master and (sync replication) on ``acked_on``
         slaves, any of the group's other members. Of the N members (``/txb/groups/<g>/members``)
-        the candidate needs **fresh** reports, registrations written after ``vacant_since``
-        (the old master stopped acknowledging before its lease ended, so before the key went),
-        from at least N - acked_on of them, itself included: every set of ``acked_on`` members
+        the candidate needs **fresh** reports, registrations whose offsets were read after
+        etcd reached ``vacant_since`` (``BrokerInfo.seen_revision``; the old master stopped
+        acknowledging before its lease ended, so before the key went), from at least
+        N - acked_on of them, itself included: every set of ``acked_on`` members
         besides the old master then meets the fresh ones. And it must be the best of every
         slave registered: the most recent epoch history, then the most log flushed, then the
         lowest id. A registration with role master (a dead master's, lingering until its lease
@@ -241,7 +243,7 @@ class Membership:
                 continue
             if other.broker_id == me.broker_id or other.role is Role.MASTER:
                 continue
-            if kv.mod_revision > vacant_since:
+            if other.seen_revision >= vacant_since:
                 fresh.add(other.broker_id)
             theirs = (other.log_epoch, other.flushed_offset)
             if theirs > mine or (theirs == mine and other.broker_id < me.broker_id):
@@ -308,10 +310,15 @@ class Membership:
         )
 
     async def _publish(self) -> None:
-        if self._registration is None:
+        if self._registration is None or self._coordinator is None:
             return
         with contextlib.suppress(CoordinationError):  # the next round writes it again
-            await self._registration.update(self.info().to_json())
+            # Read etcd first, the offsets after: a report whose seen revision follows a master
+            # key's deletion holds every write that master acknowledged with this broker's
+            # copy, however late the put below arrives. (One read a second: nothing for etcd.)
+            master = await self._coordinator.list_prefix(master_key(self.settings.group))
+            seen = master.revision
+            await self._registration.update(self.info(seen).to_json())
 
     async def _keep_current(self) -> None:
         while True:
