@@ -134,7 +134,7 @@ class Membership:
         self._registration: Registration | None = None
         self._election: Election | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._waiting_logged: tuple[str, float] = ("", 0.0)  # (why, when) last said
+        self._waiting_logged: tuple[str, float] = ("", 0.0)  # (reason, when) last said
 
     @property
     def coordinator(self) -> Coordinator | None:
@@ -248,8 +248,9 @@ class Membership:
             theirs = (other.log_epoch, other.flushed_offset)
             if theirs > mine or (theirs == mine and other.broker_id < me.broker_id):
                 self._say_waiting(
+                    f"rival {other.broker_id}",
                     f"{other.broker_id} holds more (epoch {theirs[0]}, offset {theirs[1]} "
-                    f"against {mine[0]}, {mine[1]})"
+                    f"against {mine[0]}, {mine[1]})",
                 )
                 return False
         k = self.settings.acked_on
@@ -261,21 +262,23 @@ class Membership:
         have = fresh & names
         if len(have) < needed:
             self._say_waiting(
+                f"quorum missing {sorted(names - have)}",
                 f"waiting for fresh reports from {needed} of the {len(names)} members (an "
                 f"acknowledged write is on {k} slave(s) besides the master): have "
-                f"{', '.join(sorted(have))}; missing {', '.join(sorted(names - have))}"
+                f"{', '.join(sorted(have))}; missing {', '.join(sorted(names - have))}",
             )
             return False
         return True
 
-    def _say_waiting(self, why: str) -> None:
-        """Log why this broker does not campaign: when the reason changes, and every
-        ``WAITING_LOG_INTERVAL_S`` while it stays (it is rechecked five times a second)."""
-        last_why, last_s = self._waiting_logged
+    def _say_waiting(self, reason: str, why: str) -> None:
+        """Log ``why`` this broker does not campaign: when the ``reason`` changes, and every
+        ``WAITING_LOG_INTERVAL_S`` while it stays (it is rechecked five times a second, and
+        the offsets in ``why`` move with every write)."""
+        last_reason, last_s = self._waiting_logged
         now = time.monotonic()
-        if why == last_why and now - last_s < WAITING_LOG_INTERVAL_S:
+        if reason == last_reason and now - last_s < WAITING_LOG_INTERVAL_S:
             return
-        self._waiting_logged = (why, now)
+        self._waiting_logged = (reason, now)
         log.info(
             "%s of group %s not campaigning yet: %s",
             self.settings.broker_id,
