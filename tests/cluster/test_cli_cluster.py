@@ -46,3 +46,5 @@ def test_group_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
     assert done.returncode == 2 and "etcd://" in done.stderr
     done = _txbroker("topic", "create", "orders", "--groups", "g1,g2")
     assert done.returncode == 2 and "--groups needs --coordinator" in done.stderr
+    done = _txbroker("cluster", "forget", "g1", "b1")
+    assert done.returncode == 2 and "--coordinator" in done.stderr

@@ -85,3 +85,27 @@ async def test_a_topic_change_no_slave_holds_fails_after_the_timeout(
     tracker.report("s1", 0, 0)
     with pytest.raises(ReplicationTimeout, match=r"0 of the 1 slaves .* topics \(version 1\)"):
         await asyncio.wait_for(tracker.topics_covering(1), 5)
+
+
+async def test_no_report_acknowledges_a_write_once_the_term_may_have_ended(
+    open_store: OpenStore,
+) -> None:
+    # A successor is chosen by reports written after the old master's lease ended: an
+    # acknowledgement after that moment could be missing from every one of them.
+    store = await open_store()
+    valid = [True]
+    tracker = store.replication_gate = ReplicaTracker(
+        store, min_insync=1, timeout_s=30, term_valid=lambda: valid[0]
+    )
+    store.append_nowait(Message("t", b"late"))
+    waiting = store.durable_together()
+    assert waiting is not None
+    await asyncio.wait_for(store.committer.drain(), 10)
+    valid[0] = False
+    tracker.report("s1", store.write_offset)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert tracker.replicas == {"s1": store.write_offset}  # the report itself is kept
+    tracker.fail_waiting(ReplicationTimeout("stepped down"))  # what the step-down does
+    with pytest.raises(ReplicationTimeout):
+        await waiting

@@ -1,5 +1,6 @@
 """`txbroker cluster status`: broker groups, roles, offsets, replication lag and lease holders,
-as etcd has them (docs/cluster.md)."""
+as etcd has them; `txbroker cluster forget`: drop a decommissioned broker from its group's
+members (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,46 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the status as one JSON object")
     p.set_defaults(func=_status)
+    f = csub.add_parser(
+        "forget",
+        help="remove a decommissioned broker from its group's members",
+        description="A group's members are kept in etcd with no lease: an election with sync "
+        "replication waits for fresh reports from all but min-insync of them. Remove a broker "
+        "that will not come back, so its group can elect without it (refused while it runs).",
+    )
+    f.add_argument("group")
+    f.add_argument("broker_id", metavar="BROKER_ID")
+    f.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
+    )
+    f.set_defaults(func=_forget)
+
+
+def _coordinator_url(args: argparse.Namespace) -> str:
+    coordinator: str | None = args.coordinator or os.environ.get("TXB_COORDINATOR")
+    if not coordinator:
+        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    return coordinator
+
+
+def _forget(args: argparse.Namespace) -> int:
+    run(_forget_member(_coordinator_url(args), args.group, args.broker_id))
+    print(f"broker {args.broker_id} is no longer a member of group {args.group}")
+    return 0
+
+
+async def _forget_member(url: str, group: str, broker_id: str) -> None:
+    from txbroker.cluster import connect_coordinator
+    from txbroker.cluster.routes import forget_member
+
+    async with await connect_coordinator(url) as coordinator:
+        await forget_member(coordinator, group, broker_id)
 
 
 def _status(args: argparse.Namespace) -> int:
-    coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
-    if not coordinator:
-        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    coordinator = _coordinator_url(args)
     from txbroker.cluster.status import queue_span
 
     status = run(_read(coordinator))

@@ -35,8 +35,8 @@ DEFAULT_TTL_S: Final = 3
 # Between attempts when etcd cannot be reached: often enough to win soon after it is back, not
 # so often that a hundred brokers hammer a recovering etcd.
 RETRY_INTERVAL_S: Final = 0.5
-# A candidate that is not the best one (``eligible``) looks again this often while the key is
-# vacant: the better one usually wins within a round trip, or its registration ends.
+# A candidate that may not campaign yet (``eligible``) looks again this often while the key is
+# vacant: the better one usually wins within a round trip, or the reports it waits for arrive.
 ELIGIBILITY_RECHECK_S: Final = 0.2
 
 
@@ -82,9 +82,11 @@ class Election:
         await election.resign()
 
     ``on_step_down(reason)`` is called (in the event loop, synchronously) the moment
-    leadership is lost; ``stepped_down`` is set then too. ``eligible()``, if given, is asked
-    each time the key is vacant: a candidate that is not the best one now does not campaign
-    (failover: the slave with the most recent log should win).
+    leadership is lost; ``stepped_down`` is set then too. ``eligible(vacant_since)``, if given,
+    is asked each time the key is vacant: a candidate that may not lead now does not campaign
+    (failover: only a slave sure to hold every acknowledged write may win). ``vacant_since`` is
+    a revision at or after the one that deleted the key, the same for every ask of one vacancy:
+    what was written after it was written after the last leader's lease ended.
 
     A candidate campaigns by creating the election key (``/txb/groups/g1/master``) under a lease of
     its own, only if the key is absent (etcd's compare on create_revision = 0): one create wins,
@@ -117,7 +119,7 @@ class Election:
         ttl_s: int = DEFAULT_TTL_S,
         safety_margin_s: float | None = None,
         on_step_down: Callable[[str], None] | None = None,
-        eligible: Callable[[], Awaitable[bool]] | None = None,
+        eligible: Callable[[int], Awaitable[bool]] | None = None,
     ) -> None:
         self.coordinator = coordinator
         self._eligible = eligible
@@ -133,6 +135,9 @@ class Election:
         self._keeper: LeaseKeeper | None = None
         self._guard: asyncio.Task[None] | None = None
         self._releasing: asyncio.Task[None] | None = None
+        # The revision the key was first seen vacant at (its deletion's, when watched): kept
+        # while it stays vacant, so a candidate's rechecks compare against one fixed moment.
+        self._vacant_since: int | None = None
 
     def is_leader(self) -> bool:
         """Leader now, with the lease surely alive on etcd: check before acting as leader."""
@@ -169,8 +174,8 @@ class Election:
             raise
 
     async def _attempt(self) -> Term | None:
-        await self._wait_vacant()
-        if self._eligible is not None and not await self._eligible():
+        vacant_since = await self._wait_vacant()
+        if self._eligible is not None and not await self._eligible(vacant_since):
             await asyncio.sleep(ELIGIBILITY_RECHECK_S)  # a back-off: the better one may win
             return None
         lease = await self.coordinator.grant_lease(self.ttl_s)
@@ -193,6 +198,7 @@ class Election:
             await self.coordinator.revoke_lease(lease)
             return None
         self._keeper = keeper
+        self._vacant_since = None
         self.term = Term(self.key, self.value, lease.id, epoch, time.monotonic())
         self.step_down_reason = ""
         self.stepped_down.clear()
@@ -213,18 +219,23 @@ class Election:
                 return kv.create_revision
             raise
 
-    async def _wait_vacant(self) -> None:
-        """Return once the key is absent: now, or when a watch from the read sees it deleted."""
+    async def _wait_vacant(self) -> int:
+        """Return once the key is absent: now, or when a watch from the read sees it deleted.
+        Returns the revision it was first seen vacant at (see ``eligible``)."""
         while True:
             listing = await self.coordinator.list_prefix(self.key)
             if not any(kv.key == self.key for kv in listing.items):
-                return
+                if self._vacant_since is None:
+                    self._vacant_since = listing.revision
+                return self._vacant_since
+            self._vacant_since = None
             async with self.coordinator.watch_prefix(
                 self.key, start_revision=listing.revision + 1
             ) as events:
                 async for event in events:
                     if event.key == self.key and event.kind is EventKind.DELETE:
-                        return
+                        self._vacant_since = event.mod_revision
+                        return event.mod_revision
 
     # Holding.
 

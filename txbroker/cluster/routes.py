@@ -3,7 +3,10 @@
 
 - ``/txb/brokers/<group>/<broker>``: a :class:`BrokerInfo`, under the broker's registration lease;
 - ``/txb/topics/<topic>``: a :class:`TopicRoute`, which of the topic's queues each group holds;
-- ``/txb/groups/<group>/master``: the election key of a group whose brokers run ``--role auto``.
+- ``/txb/groups/<group>/master``: the election key of a group whose brokers run ``--role auto``;
+- ``/txb/groups/<group>/members/<broker>``: a :class:`BrokerInfo` as the broker first registered,
+  with no lease: the group's membership, which an election's quorum counts (until an operator
+  forgets a decommissioned member, ``txbroker cluster forget``).
 
 A topic's queues are numbered globally and split over groups in blocks (:class:`TopicRoute`),
 so one key stays on one queue of one group.
@@ -32,8 +35,11 @@ __all__ = [
     "broker_key",
     "choose_masters",
     "delete_route",
+    "forget_member",
     "is_former_master",
     "master_key",
+    "member_key",
+    "members_prefix",
     "read_route",
     "replace_route",
     "spread_queues",
@@ -60,6 +66,14 @@ def broker_key(group: str, broker_id: str) -> str:
 
 def master_key(group: str) -> str:
     return f"{GROUPS_PREFIX}{_name('group', group)}/master"
+
+
+def members_prefix(group: str) -> str:
+    return f"{GROUPS_PREFIX}{_name('group', group)}/members/"
+
+
+def member_key(group: str, broker_id: str) -> str:
+    return f"{members_prefix(group)}{_name('broker', broker_id)}"
 
 
 def topic_key(topic: str) -> str:
@@ -95,6 +109,10 @@ class BrokerInfo:
     # The last master epoch its log holds writes of (server/epochs.py): with the flushed
     # offset, what ranks candidates for the election (the most recent history wins).
     log_epoch: int = 0
+    # An etcd revision read just before the offsets above were (0: not read): everything
+    # etcd had done by then, a master key's deletion included, happened before this report's
+    # offsets were taken. What makes a report fresh for an election (Membership.eligible).
+    seen_revision: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -107,6 +125,7 @@ class BrokerInfo:
                 "flushed_offset": self.flushed_offset,
                 "epoch": self.epoch,
                 "log_epoch": self.log_epoch,
+                "seen_revision": self.seen_revision,
             },
             sort_keys=True,
         ).encode()
@@ -124,6 +143,7 @@ class BrokerInfo:
                 int(d.get("flushed_offset", 0)),
                 int(d.get("epoch", 0)),
                 int(d.get("log_epoch", 0)),
+                int(d.get("seen_revision", 0)),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise CoordinationError(f"broker registration {d!r}: {e!r}") from e
@@ -243,6 +263,19 @@ async def delete_route(coordinator: Coordinator, topic: str) -> bool:
     """Remove ``topic``'s route (after the topic was deleted on its groups): NameServers answer
     NO_ROUTE for it from then on. Whether there was one."""
     return await coordinator.delete(topic_key(topic))
+
+
+async def forget_member(coordinator: Coordinator, group: str, broker_id: str) -> None:
+    """Remove a decommissioned broker from ``group``'s members, so elections stop waiting for
+    its reports (``txbroker cluster forget``). Refused while it is registered (running): it
+    would count again at its next start anyway, and forgetting a live member weakens the
+    quorum that keeps acknowledged writes."""
+    if await coordinator.get(broker_key(group, broker_id)) is not None:
+        raise InvalidArgument(
+            f"broker {broker_id} of group {group} is registered (running): stop it first"
+        )
+    if not await coordinator.delete(member_key(group, broker_id)):
+        raise InvalidArgument(f"broker {broker_id} is not a member of group {group}")
 
 
 def _describe(route: TopicRoute) -> str:

@@ -66,8 +66,13 @@ class ReplicaTracker:
         timeout_s: float,
         *,
         covered: int | None = None,
+        term_valid: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
+        # An elected master's lease check (election.py's is_leader): once it may have ended on
+        # etcd a successor may be chosen by reports written from then on, so a write covered
+        # only later must not be answered as acknowledged (the step-down fails it instead).
+        self._term_valid = term_valid
         self._loop = asyncio.get_running_loop()
         self.min_insync = min_insync
         self._timeout_s = timeout_s
@@ -182,6 +187,8 @@ class ReplicaTracker:
         self.replicas[replica] = flushed
         self.topics_versions[replica] = topics_version
         self.seen_s[replica] = time.monotonic()
+        if self._term_valid is not None and not self._term_valid():
+            return
         if self._topic_waits:
             covered_version = self._topics_covered()
             for w in [w for w in self._topic_waits if w.target <= covered_version]:
@@ -276,11 +283,14 @@ class ReplicationMaster:
         self.tracker: ReplicaTracker | None = None  # the current term's
         self._signal: _Signal | None = None  # installed with the first slave only
 
-    def begin(self, covered: int | None = None) -> ReplicaTracker:
-        """A term as master: slaves are tracked from now (``covered``: see ReplicaTracker)."""
+    def begin(
+        self, covered: int | None = None, term_valid: Callable[[], bool] | None = None
+    ) -> ReplicaTracker:
+        """A term as master: slaves are tracked from now (``covered``, ``term_valid``: see
+        ReplicaTracker)."""
         s = self._settings
         self.tracker = ReplicaTracker(
-            self._store, s.min_insync, s.timeout_ms / 1000, covered=covered
+            self._store, s.min_insync, s.timeout_ms / 1000, covered=covered, term_valid=term_valid
         )
         return self.tracker
 
