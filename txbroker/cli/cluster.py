@@ -43,8 +43,8 @@ def register(sub: Subparsers) -> None:
         "replication waits for fresh reports from all but min-insync of them. Remove a broker "
         "that will not come back, so its group can elect without it (refused while it runs).",
     )
-    f.add_argument("group")
-    f.add_argument("broker_id", metavar="BROKER_ID")
+    f.add_argument("group", help="the broker group it was a member of")
+    f.add_argument("broker_id", metavar="BROKER_ID", help="its --broker-id")
     f.add_argument(
         "--coordinator",
         metavar="URL",

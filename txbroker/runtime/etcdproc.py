@@ -124,8 +124,15 @@ class EtcdServer:
         return self.proc.pid
 
     def pause(self) -> None:
-        """SIGSTOP: the sockets stay open, nothing answers (a hung or partitioned etcd)."""
+        """SIGSTOP: the sockets stay open, nothing answers (a hung or partitioned etcd).
+        Returns once every thread is stopped: the signal only asks, and on a loaded machine a
+        thread may still answer a request sent right after ``kill`` returns."""
         os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10.0
+        while not _all_stopped(self.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd (pid {self.pid}) did not stop within 10 s of SIGSTOP")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
@@ -135,3 +142,20 @@ class EtcdServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (``T`` in /proc)."""
+    try:
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return True  # gone: nothing of it answers
+    for thread in threads:
+        try:
+            stat = (thread / "stat").read_text()
+        except FileNotFoundError:
+            continue  # that thread has ended
+        # The state is the field after the command's closing parenthesis (names hold spaces).
+        if stat[stat.rindex(")") + 2] not in "Tt":
+            return False
+    return True
