@@ -246,9 +246,13 @@ class Settled(msgspec.Struct, frozen=True):
     stale: list[str]
 
 
-# An invisibility deadline: (deadline, sequence, group, source kind, source topic, queue,
-# offset, receipt); checked against the delivery when it comes up (extended or acked since).
-_Deadline = tuple[float, int, str, str, str, int, int, str]
+# A delivery in flight: (queue, offset, the delivery).
+_Flying = tuple[int, int, "_Delivery"]
+# An invisibility deadline and what was handed out with it: (deadline, sequence, group, source
+# kind, source topic, deliveries). One per hand-out (a receive's messages share it) or extend,
+# not one per message; each delivery is checked when it comes up (acknowledged, extended,
+# handed back or taken by a rebalance since: skipped).
+_Deadline = tuple[float, int, str, str, str, list[_Flying]]
 
 
 class Receiver:
@@ -266,7 +270,8 @@ class Receiver:
         self._retries: dict[str, _Source] = {}  # group -> its retry topic, read for all lanes
         self._deadlines: list[_Deadline] = []
         self._seq = 0
-        self._live_deadlines = 0  # deadlines left by the last compaction
+        self._scheduled = 0  # deliveries in the deadlines
+        self._live_scheduled = 0  # of them, left by the last compaction
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._handing_back: set[asyncio.Task[None]] = set()
@@ -362,6 +367,7 @@ class Receiver:
         sources = self._sources(group, topic)
         applied, stale = [], []
         deadline = time.monotonic() + invisible_ms / 1000
+        extended: dict[str, tuple[_Source, list[_Flying]]] = {}
         for receipt in receipts:
             found = self._find(sources, receipt)
             if found is None:
@@ -369,8 +375,10 @@ class Receiver:
                 continue
             source, queue, offset, delivery = found
             delivery.deadline = deadline
-            self._schedule(group, source, queue, offset, delivery)
+            extended.setdefault(source.kind, (source, []))[1].append((queue, offset, delivery))
             applied.append(receipt)
+        for source, flying in extended.values():
+            self._schedule(group, source, deadline, flying)
         return Settled(applied, stale)
 
     # --- joining and reading ---
@@ -417,12 +425,15 @@ class Receiver:
         out: list[Received] = []
         if retries is None:
             return out
+        taken: list[_Flying] = []
         for queue, flying in retries.flight.items():
             for offset, d in sorted(flying.items()):
                 if len(out) >= room:
-                    return out
+                    break
                 if d.state is State.WAITING and d.message and d.message.topic == lane.topic:
-                    out.append(self._hand_out(lane.group, retries, queue, offset, d, until))
+                    out.append(self._hand_out(retries, queue, offset, d, until))
+                    taken.append((queue, offset, d))
+        self._schedule(lane.group, retries, until, taken)
         return out
 
     async def _read(
@@ -513,6 +524,7 @@ class Receiver:
         nexts = {p.queue_id: p.offset for p in answer.next_offsets}
         full: set[int] = set()
         out: list[Received] = []
+        taken: list[_Flying] = []
         for m in answer.messages:
             q, offset = m.queue_id, m.queue_offset
             if q not in source.queues or q in full:
@@ -528,21 +540,23 @@ class Receiver:
                 nexts[q] = offset
                 continue
             delivery = flying[offset] = _Delivery(m, State.WAITING)
-            out.append(self._hand_out(lane.group, source, q, offset, delivery, until))
+            out.append(self._hand_out(source, q, offset, delivery, until))
+            taken.append((q, offset, delivery))
         for q, offset in nexts.items():
             if q in source.queues:
                 source.next[q] = max(source.next.get(q, offset), offset)
+        self._schedule(lane.group, source, until, taken)
         return out
 
     def _hand_out(
-        self, group: str, source: _Source, queue: int, offset: int, d: _Delivery, until: float
+        self, source: _Source, queue: int, offset: int, d: _Delivery, until: float
     ) -> Received:
+        """The delivery, invisible until ``until`` (the caller schedules its deadline)."""
         message, d.message = d.message, None
         assert message is not None, "a delivery is handed out once"
         d.move(State.INVISIBLE)
         d.receipt = f"{source.kind}.{queue}.{offset}.{self._nonces.next()}"
         d.deadline = until
-        self._schedule(group, source, queue, offset, d)
         return Received(message, d.receipt)
 
     def _source(self, group: str, kind: str, topic: str) -> _Source | None:
@@ -626,20 +640,15 @@ class Receiver:
             await self._commit(group, source)
 
     def _schedule(
-        self, group: str, source: _Source, queue: int, offset: int, delivery: _Delivery
+        self, group: str, source: _Source, deadline: float, flying: list[_Flying]
     ) -> None:
+        """Hand ``flying`` back at ``deadline`` unless acknowledged or extended before."""
+        if not flying:
+            return
         self._seq += 1
-        entry = (
-            delivery.deadline,
-            self._seq,
-            group,
-            source.kind,
-            source.topic,
-            queue,
-            offset,
-            delivery.receipt,
-        )
+        entry = (deadline, self._seq, group, source.kind, source.topic, flying)
         heapq.heappush(self._deadlines, entry)
+        self._scheduled += len(flying)
 
     # --- the sweeper ---
 
@@ -659,14 +668,13 @@ class Receiver:
         """Hand back every delivery whose invisibility ended, at once (no retry delay)."""
         while self._deadlines and self._deadlines[0][0] <= now:
             entry = heapq.heappop(self._deadlines)
-            current = self._current(entry)
-            if current is None:
-                continue  # acknowledged, extended or handed back since
-            source, delivery = current
-            group, queue, offset = entry[2], entry[5], entry[6]
-            delivery.move(State.HANDING_BACK)
-            delivery.delay_ms = 0
-            self._spawn(self._hand_back(group, source, queue, offset))
+            self._scheduled -= len(entry[5])
+            source, current = self._current(entry)
+            for queue, offset, delivery in current:
+                assert source is not None
+                delivery.move(State.HANDING_BACK)
+                delivery.delay_ms = 0
+                self._spawn(self._hand_back(entry[2], source, queue, offset))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -695,25 +703,36 @@ class Receiver:
         self._compact()
 
     def _compact(self) -> None:
-        """Drop deadlines of deliveries acknowledged, extended or handed back since, once they
-        outnumber the live ones: an acknowledged delivery's deadline stays in the heap until it
-        comes up, which with long invisibilities would hold memory for hours."""
-        if len(self._deadlines) <= 2 * self._live_deadlines + COMPACT_MIN:
+        """Drop the deadlines of deliveries acknowledged, extended or handed back since, once
+        they outnumber the live ones: an acknowledged delivery's deadline stays in the heap
+        until it comes up, which with long invisibilities would hold memory for hours."""
+        if self._scheduled <= 2 * self._live_scheduled + COMPACT_MIN:
             return
-        self._deadlines = [e for e in self._deadlines if self._current(e) is not None]
-        heapq.heapify(self._deadlines)
-        self._live_deadlines = len(self._deadlines)
+        kept: list[_Deadline] = []
+        for entry in self._deadlines:
+            _, current = self._current(entry)
+            if current:
+                entry[5][:] = current
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._deadlines = kept
+        self._scheduled = self._live_scheduled = sum(len(e[5]) for e in kept)
 
-    def _current(self, entry: _Deadline) -> tuple[_Source, _Delivery] | None:
-        """The invisible delivery a deadline is for, if it still is."""
-        deadline, _, group, kind, topic, queue, offset, receipt = entry
+    def _current(self, entry: _Deadline) -> tuple[_Source | None, list[_Flying]]:
+        """Of a deadline's deliveries, those it still is the deadline of: in flight, invisible,
+        not extended since; and their source."""
+        deadline, _, group, kind, topic, flying = entry
         source = self._source(group, kind, topic)
         if source is None:
-            return None
-        d = source.flight.get(queue, {}).get(offset)
-        if d is None or d.receipt != receipt or d.deadline != deadline:
-            return None
-        return (source, d) if d.state is State.INVISIBLE else None
+            return None, []
+        flight = source.flight
+        return source, [
+            (queue, offset, d)
+            for queue, offset, d in flying
+            if d.deadline == deadline
+            and d.state is State.INVISIBLE
+            and flight.get(queue, {}).get(offset) is d
+        ]
 
     async def _renew_source(self, group: str, source: _Source) -> bool:
         """Heartbeat, and retry the hand-backs that failed; False if the topic is gone."""
