@@ -173,6 +173,30 @@ async def test_redelivered_after_the_invisibility(rb: BrokerProcess, h: httpx.As
     assert await receive(h, "billing", "recv-again", wait_ms=1500) == []
 
 
+async def test_of_one_receive_only_what_was_neither_acked_nor_extended_comes_back(
+    rb: BrokerProcess, h: httpx.AsyncClient
+) -> None:
+    """A receive's messages share one invisibility deadline: acknowledging or extending some
+    of them leaves the others to come back at it, and the extended ones at their own."""
+    await make_topic(rb, "recv-part", queues=1)
+    await publish(h, "recv-part", "acked", "extended", "lost", "acked too")
+    got = await receive(h, "billing", "recv-part", max=4, invisible_ms=500)
+    assert [m["body"] for m in got] == ["acked", "extended", "lost", "acked too"]
+    receipts = {m["body"]: m["receipt"] for m in got}
+    acked = [receipts["acked"], receipts["acked too"]]
+    assert (await settle(h, "billing", "recv-part", "ack", acked))["applied"] == acked
+    extended = [receipts["extended"]]
+    out = await settle(h, "billing", "recv-part", "extend", extended, invisible_ms=2000)
+    assert out["applied"] == extended
+    [again] = await receive_n(h, "billing", "recv-part", 1)
+    assert again["body"] == "lost" and again["delivery_attempt"] == 2
+    assert (await settle(h, "billing", "recv-part", "ack", [again["receipt"]]))["applied"]
+    [later] = await receive_n(h, "billing", "recv-part", 1)  # after the extension ran out
+    assert later["body"] == "extended" and later["delivery_attempt"] == 2
+    assert (await settle(h, "billing", "recv-part", "ack", [later["receipt"]]))["applied"]
+    assert await receive(h, "billing", "recv-part", wait_ms=700) == []
+
+
 async def test_extend_keeps_the_receipt(rb: BrokerProcess, h: httpx.AsyncClient) -> None:
     await make_topic(rb, "recv-extend")
     await publish(h, "recv-extend", "slow work")

@@ -39,5 +39,14 @@ class TurnWriter:
         if frames:
             self._write(b"".join(frames))
 
+    def write_now(self, frame: bytes) -> None:
+        """Write ``frame`` now, after what is queued and in the same write: for a frame that is
+        a whole answer already, which joining could only delay."""
+        if self._frames:
+            self._frames.append(frame)
+            self.flush()
+        else:
+            self._write(frame)
+
     def clear(self) -> None:
         self._frames.clear()

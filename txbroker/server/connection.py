@@ -12,8 +12,9 @@ token per frame.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -67,12 +68,38 @@ def later(coro: Coroutine[Any, Any, Any]) -> Deferred:
     return Deferred(asyncio.get_running_loop().create_task(coro))
 
 
-async def settle(answer: Any) -> Any:
-    """The body a handler's answer comes to (for a caller that wraps a handler)."""
+def settle(answer: Any) -> Awaitable[Any]:
+    """The body a handler's answer comes to, to await (for a caller that wraps a handler).
+    A shared future is waited for through one of the caller's own, with the body as its
+    result, so cancelling the caller never cancels what others wait for (asyncio.shield,
+    without its second callback and frame)."""
     if type(answer) is not Deferred:
-        return answer
-    body = await (asyncio.shield(answer.when) if answer.shared else answer.when)
+        return _now(answer)
+    if not answer.shared:
+        return _own(answer)
+    mine = answer.when.get_loop().create_future()
+    answer.when.add_done_callback(functools.partial(_relay, mine, answer.answer))
+    return mine
+
+
+async def _now(body: Any) -> Any:
+    return body
+
+
+async def _own(answer: Deferred) -> Any:
+    body = await answer.when  # the request's own: cancelling the caller cancels it
     return body if answer.answer is _RESULT else answer.answer
+
+
+def _relay(mine: asyncio.Future[Any], answer: Any, shared: asyncio.Future[Any]) -> None:
+    if mine.done():  # its waiter was cancelled
+        return
+    if shared.cancelled():
+        mine.cancel()
+    elif (error := shared.exception()) is not None:
+        mine.set_exception(error)
+    else:
+        mine.set_result(shared.result() if answer is _RESULT else answer)
 
 
 # A client may pipeline this many requests before the server stops reading its socket: bounds

@@ -113,6 +113,9 @@ RECEIPT_PATTERN: Final = r"^[mr]\.[0-9]{1,5}\.[0-9]{1,19}\.[0-9a-f]{16}$"
 _RECEIPT: Final = re.compile(RECEIPT_PATTERN)
 NONCE_BYTES: Final = 8
 assert len(secrets.token_hex(NONCE_BYTES)) == 16, "RECEIPT_PATTERN's nonce width"
+# Nonces drawn from the OS at once: one system call per this many receipts (two receives of
+# 32), where one per receipt cost as much as the rest of handing the message out.
+NONCE_BATCH: Final = 64
 
 BrokerCall = Callable[[int, Any], Awaitable[Any]]
 
@@ -192,15 +195,38 @@ class _Lane:
     main: _Source
     seen: float  # monotonic time of the last receive
     receiving: int = 0  # receives running now
+    # Held while a receive reads the lane without waiting: receives at once would each read
+    # from the same positions, and all but the first find what they read taken.
+    reading: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def topic(self) -> str:
         return self.main.topic
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A message handed out, with its receipt and how many times it was delivered."""
+class _Nonces:
+    """Receipt nonces, each NONCE_BYTES from the OS's CSPRNG (``secrets``), drawn NONCE_BATCH
+    at a time: each is as unguessable as one drawn alone (knowing some of the OS's random bytes
+    tells nothing of others), and the batch not yet handed out stays in this process only."""
+
+    __slots__ = ("_at", "_hex")
+
+    def __init__(self) -> None:
+        self._hex = ""
+        self._at = 0
+
+    def next(self) -> str:
+        at = self._at
+        if at >= len(self._hex):
+            self._hex, at = secrets.token_hex(NONCE_BYTES * NONCE_BATCH), 0
+        self._at = at + 2 * NONCE_BYTES
+        return self._hex[at : self._at]
+
+
+class Received(msgspec.Struct, frozen=True):
+    """A message handed out, with its receipt and how many times it was delivered. (A
+    msgspec Struct: one is made per message handed out, and a frozen dataclass is made field by
+    field through object.__setattr__, eight times slower.)"""
 
     message: PulledMessage
     receipt: str
@@ -220,9 +246,13 @@ class Settled(msgspec.Struct, frozen=True):
     stale: list[str]
 
 
-# An invisibility deadline: (deadline, sequence, group, source kind, source topic, queue,
-# offset, receipt); checked against the delivery when it comes up (extended or acked since).
-_Deadline = tuple[float, int, str, str, str, int, int, str]
+# A delivery in flight: (queue, offset, the delivery).
+_Flying = tuple[int, int, "_Delivery"]
+# An invisibility deadline and what was handed out with it: (deadline, sequence, group, source
+# kind, source topic, deliveries). One per hand-out (a receive's messages share it) or extend,
+# not one per message; each delivery is checked when it comes up (acknowledged, extended,
+# handed back or taken by a rebalance since: skipped).
+_Deadline = tuple[float, int, str, str, str, list[_Flying]]
 
 
 class Receiver:
@@ -240,10 +270,12 @@ class Receiver:
         self._retries: dict[str, _Source] = {}  # group -> its retry topic, read for all lanes
         self._deadlines: list[_Deadline] = []
         self._seq = 0
-        self._live_deadlines = 0  # deadlines left by the last compaction
+        self._scheduled = 0  # deliveries in the deadlines
+        self._live_scheduled = 0  # of them, left by the last compaction
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._handing_back: set[asyncio.Task[None]] = set()
+        self._nonces = _Nonces()
 
     # --- lifecycle ---
 
@@ -287,10 +319,11 @@ class Receiver:
 
     async def ack(self, group: str, topic: str, receipts: Sequence[str]) -> Settled:
         self._check(group, topic)
+        sources = self._sources(group, topic)
         applied, stale = [], []
         touched: dict[str, _Source] = {}
         for receipt in receipts:
-            found = self._find(group, topic, receipt)
+            found = self._find(sources, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
@@ -311,10 +344,11 @@ class Receiver:
         if delay_ms is not None:
             _bounded("delay_ms", delay_ms, 0, MAX_NACK_DELAY_MS)
         self._check(group, topic)
+        sources = self._sources(group, topic)
         applied, stale = [], []
         backs = []
         for receipt in receipts:
-            found = self._find(group, topic, receipt)
+            found = self._find(sources, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
@@ -330,17 +364,21 @@ class Receiver:
         """Keep the messages invisible for ``invisible_ms`` from now; their receipts stay."""
         _bounded("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         self._check(group, topic)
+        sources = self._sources(group, topic)
         applied, stale = [], []
         deadline = time.monotonic() + invisible_ms / 1000
+        extended: dict[str, tuple[_Source, list[_Flying]]] = {}
         for receipt in receipts:
-            found = self._find(group, topic, receipt)
+            found = self._find(sources, receipt)
             if found is None:
                 stale.append(receipt)
                 continue
             source, queue, offset, delivery = found
             delivery.deadline = deadline
-            self._schedule(group, source, queue, offset, delivery)
+            extended.setdefault(source.kind, (source, []))[1].append((queue, offset, delivery))
             applied.append(receipt)
+        for source, flying in extended.values():
+            self._schedule(group, source, deadline, flying)
         return Settled(applied, stale)
 
     # --- joining and reading ---
@@ -387,12 +425,15 @@ class Receiver:
         out: list[Received] = []
         if retries is None:
             return out
+        taken: list[_Flying] = []
         for queue, flying in retries.flight.items():
             for offset, d in sorted(flying.items()):
                 if len(out) >= room:
-                    return out
+                    break
                 if d.state is State.WAITING and d.message and d.message.topic == lane.topic:
-                    out.append(self._hand_out(lane.group, retries, queue, offset, d, until))
+                    out.append(self._hand_out(retries, queue, offset, d, until))
+                    taken.append((queue, offset, d))
+        self._schedule(lane.group, retries, until, taken)
         return out
 
     async def _read(
@@ -401,7 +442,8 @@ class Receiver:
         """What the topic and the group's retry topic hold now; if nothing, a PULL of each held
         at once until the first answers with messages or the wait ends. The others are
         cancelled, which loses nothing: a PULL keeps no state, and positions move only here."""
-        out = await self._pulls(lane, max_messages, 0, invisible_ms, race=False)
+        async with lane.reading:
+            out = await self._pulls(lane, max_messages, 0, invisible_ms, race=False)
         hold_ms = int((deadline - time.monotonic()) * 1000)
         if out or hold_ms <= 0:
             return out
@@ -411,31 +453,48 @@ class Receiver:
         self, lane: _Lane, max_messages: int, hold_ms: int, invisible_ms: int, *, race: bool
     ) -> list[Received]:
         sources = [lane.main, self._retries[lane.group]]
-        pulls = [
-            asyncio.create_task(self._pull(lane.group, s, max_messages, hold_ms)) for s in sources
-        ]
+        answers: list[PullResponse | Exception | None]
+        if race:
+            answers = await self._first_pull(lane.group, sources, max_messages, hold_ms)
+        else:
+            # Unheld, each PULL answers at once: one after the other takes no longer than
+            # both at once, and needs no task each.
+            answers = []
+            for source in sources:
+                try:
+                    answers.append(await self._pull(lane.group, source, max_messages, hold_ms))
+                except Exception as e:  # raised below, in the sources' order, as a held one's
+                    answers.append(e)
+        out: list[Received] = []
+        until = time.monotonic() + invisible_ms / 1000
+        for source, answer in zip(sources, answers, strict=True):
+            if isinstance(answer, Exception):
+                raise answer
+            if answer is not None:
+                out += self._deliver(lane, source, answer, max_messages - len(out), until)
+        return out
+
+    async def _first_pull(
+        self, group: str, sources: list[_Source], max_messages: int, hold_ms: int
+    ) -> list[PullResponse | Exception | None]:
+        """Each source's PULL, held at once until the first answers (or the receiver stops):
+        its answer, or failure; None for those cancelled."""
+        pulls = [asyncio.create_task(self._pull(group, s, max_messages, hold_ms)) for s in sources]
         stop = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait(
-                [*pulls, stop] if race else pulls,
-                return_when=asyncio.FIRST_COMPLETED if race else asyncio.ALL_COMPLETED,
-            )
+            await asyncio.wait([*pulls, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in [*pulls, stop]:
                 t.cancel()
             await asyncio.gather(*pulls, stop, return_exceptions=True)
-        out: list[Received] = []
-        until = time.monotonic() + invisible_ms / 1000
-        for source, pull in zip(sources, pulls, strict=True):
+        answers: list[PullResponse | Exception | None] = []
+        for pull in pulls:
             if pull.cancelled():
+                answers.append(None)
                 continue
             error = pull.exception()
-            if error is not None:
-                raise error
-            answer = pull.result()
-            if answer is not None:
-                out += self._deliver(lane, source, answer, max_messages - len(out), until)
-        return out
+            answers.append(error if isinstance(error, Exception) else pull.result())
+        return answers
 
     async def _pull(
         self, group: str, source: _Source, max_messages: int, hold_ms: int
@@ -465,6 +524,7 @@ class Receiver:
         nexts = {p.queue_id: p.offset for p in answer.next_offsets}
         full: set[int] = set()
         out: list[Received] = []
+        taken: list[_Flying] = []
         for m in answer.messages:
             q, offset = m.queue_id, m.queue_offset
             if q not in source.queues or q in full:
@@ -480,21 +540,23 @@ class Receiver:
                 nexts[q] = offset
                 continue
             delivery = flying[offset] = _Delivery(m, State.WAITING)
-            out.append(self._hand_out(lane.group, source, q, offset, delivery, until))
+            out.append(self._hand_out(source, q, offset, delivery, until))
+            taken.append((q, offset, delivery))
         for q, offset in nexts.items():
             if q in source.queues:
                 source.next[q] = max(source.next.get(q, offset), offset)
+        self._schedule(lane.group, source, until, taken)
         return out
 
     def _hand_out(
-        self, group: str, source: _Source, queue: int, offset: int, d: _Delivery, until: float
+        self, source: _Source, queue: int, offset: int, d: _Delivery, until: float
     ) -> Received:
+        """The delivery, invisible until ``until`` (the caller schedules its deadline)."""
         message, d.message = d.message, None
         assert message is not None, "a delivery is handed out once"
         d.move(State.INVISIBLE)
-        d.receipt = f"{source.kind}.{queue}.{offset}.{secrets.token_hex(NONCE_BYTES)}"
+        d.receipt = f"{source.kind}.{queue}.{offset}.{self._nonces.next()}"
         d.deadline = until
-        self._schedule(group, source, queue, offset, d)
         return Received(message, d.receipt)
 
     def _source(self, group: str, kind: str, topic: str) -> _Source | None:
@@ -503,20 +565,26 @@ class Receiver:
         lane = self._lanes.get((group, topic))
         return lane.main if lane is not None else None
 
+    def _sources(self, group: str, topic: str) -> dict[str, _Source | None]:
+        """The sources a receipt of (group, topic) may name, by the kind it says."""
+        return {"m": self._source(group, "m", topic), "r": self._retries.get(group)}
+
     def _find(
-        self, group: str, topic: str, receipt: str
+        self, sources: dict[str, _Source | None], receipt: str
     ) -> tuple[_Source, int, int, _Delivery] | None:
         """The delivery ``receipt`` names, if it is in flight and invisible."""
         if _RECEIPT.fullmatch(receipt) is None:
             raise InvalidArgument(f"{receipt!r} is not a receipt this broker gave")
-        kind, queue, offset, _ = receipt.split(".")
-        source = self._source(group, kind, topic)
+        kind, queue_text, offset_text, _ = receipt.split(".")
+        source = sources[kind]
         if source is None:
             return None
-        delivery = source.flight.get(int(queue), {}).get(int(offset))
+        queue, offset = int(queue_text), int(offset_text)
+        flying = source.flight.get(queue)
+        delivery = flying.get(offset) if flying is not None else None
         if delivery is None or delivery.receipt != receipt or delivery.state is not State.INVISIBLE:
             return None
-        return source, int(queue), int(offset), delivery
+        return source, queue, offset, delivery
 
     # --- committing and handing back ---
 
@@ -572,20 +640,15 @@ class Receiver:
             await self._commit(group, source)
 
     def _schedule(
-        self, group: str, source: _Source, queue: int, offset: int, delivery: _Delivery
+        self, group: str, source: _Source, deadline: float, flying: list[_Flying]
     ) -> None:
+        """Hand ``flying`` back at ``deadline`` unless acknowledged or extended before."""
+        if not flying:
+            return
         self._seq += 1
-        entry = (
-            delivery.deadline,
-            self._seq,
-            group,
-            source.kind,
-            source.topic,
-            queue,
-            offset,
-            delivery.receipt,
-        )
+        entry = (deadline, self._seq, group, source.kind, source.topic, flying)
         heapq.heappush(self._deadlines, entry)
+        self._scheduled += len(flying)
 
     # --- the sweeper ---
 
@@ -605,14 +668,13 @@ class Receiver:
         """Hand back every delivery whose invisibility ended, at once (no retry delay)."""
         while self._deadlines and self._deadlines[0][0] <= now:
             entry = heapq.heappop(self._deadlines)
-            current = self._current(entry)
-            if current is None:
-                continue  # acknowledged, extended or handed back since
-            source, delivery = current
-            group, queue, offset = entry[2], entry[5], entry[6]
-            delivery.move(State.HANDING_BACK)
-            delivery.delay_ms = 0
-            self._spawn(self._hand_back(group, source, queue, offset))
+            self._scheduled -= len(entry[5])
+            source, current = self._current(entry)
+            for queue, offset, delivery in current:
+                assert source is not None
+                delivery.move(State.HANDING_BACK)
+                delivery.delay_ms = 0
+                self._spawn(self._hand_back(entry[2], source, queue, offset))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -641,25 +703,36 @@ class Receiver:
         self._compact()
 
     def _compact(self) -> None:
-        """Drop deadlines of deliveries acknowledged, extended or handed back since, once they
-        outnumber the live ones: an acknowledged delivery's deadline stays in the heap until it
-        comes up, which with long invisibilities would hold memory for hours."""
-        if len(self._deadlines) <= 2 * self._live_deadlines + COMPACT_MIN:
+        """Drop the deadlines of deliveries acknowledged, extended or handed back since, once
+        they outnumber the live ones: an acknowledged delivery's deadline stays in the heap
+        until it comes up, which with long invisibilities would hold memory for hours."""
+        if self._scheduled <= 2 * self._live_scheduled + COMPACT_MIN:
             return
-        self._deadlines = [e for e in self._deadlines if self._current(e) is not None]
-        heapq.heapify(self._deadlines)
-        self._live_deadlines = len(self._deadlines)
+        kept: list[_Deadline] = []
+        for entry in self._deadlines:
+            _, current = self._current(entry)
+            if current:
+                entry[5][:] = current
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._deadlines = kept
+        self._scheduled = self._live_scheduled = sum(len(e[5]) for e in kept)
 
-    def _current(self, entry: _Deadline) -> tuple[_Source, _Delivery] | None:
-        """The invisible delivery a deadline is for, if it still is."""
-        deadline, _, group, kind, topic, queue, offset, receipt = entry
+    def _current(self, entry: _Deadline) -> tuple[_Source | None, list[_Flying]]:
+        """Of a deadline's deliveries, those it still is the deadline of: in flight, invisible,
+        not extended since; and their source."""
+        deadline, _, group, kind, topic, flying = entry
         source = self._source(group, kind, topic)
         if source is None:
-            return None
-        d = source.flight.get(queue, {}).get(offset)
-        if d is None or d.receipt != receipt or d.deadline != deadline:
-            return None
-        return (source, d) if d.state is State.INVISIBLE else None
+            return None, []
+        flight = source.flight
+        return source, [
+            (queue, offset, d)
+            for queue, offset, d in flying
+            if d.deadline == deadline
+            and d.state is State.INVISIBLE
+            and flight.get(queue, {}).get(offset) is d
+        ]
 
     async def _renew_source(self, group: str, source: _Source) -> bool:
         """Heartbeat, and retry the hand-backs that failed; False if the topic is gone."""

@@ -5,6 +5,7 @@ the request's scope for the endpoint's role checks), answers a raised :class:`Pr
 broker error with its problem document, and logs anything else with its traceback and answers
 500: an unexpected exception is a bug, never the caller's input. :func:`redirecting` answers a
 write that reached a broker that is not its group's master with a 307 to the master.
+:func:`direct_route` makes a route the HTTP server answers itself under the same rules.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from txbroker.errors import NotMaster, TxbError
+from txbroker.runtime.httpdirect import DirectEndpoint, DirectRequest, DirectRoute
 from txbroker.server.http.problems import (
     Forbidden,
     InternalError,
@@ -25,7 +27,7 @@ from txbroker.server.http.problems import (
 )
 from txbroker.server.tokens import ANYONE, Principal, Role, TokenTable
 
-__all__ = ["Endpoint", "guarded", "principal", "redirecting"]
+__all__ = ["Endpoint", "direct_route", "guarded", "principal", "redirecting"]
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,10 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 PRINCIPAL_KEY = "txb_principal"
 
 
-def principal(request: Request) -> Principal:
+def principal(request: Request | DirectRequest) -> Principal:
     """The request's principal (set by the guard; everyone on a broker without tokens)."""
+    if isinstance(request, DirectRequest):
+        return request.state if request.state is not None else ANYONE
     who: Principal = request.scope.get(PRINCIPAL_KEY, ANYONE)
     return who
 
@@ -48,26 +52,11 @@ def guarded(
     async def endpoint(request: Request) -> Response:
         try:
             if not public:
-                scheme, _, given = request.headers.get("authorization", "").partition(" ")
-                who = tokens.authenticate(given if scheme.lower() == "bearer" else None)
-                if who is None:
-                    raise Unauthorized("send Authorization: Bearer <a token of this broker>")
-                if role is not None and not who.has(role):
-                    raise Forbidden(f"token {who.name!r} lacks the {role.value} role")
-                request.scope[PRINCIPAL_KEY] = who
+                given = request.headers.get("authorization")
+                request.scope[PRINCIPAL_KEY] = _authenticated(tokens, given, role)
             return await fn(request)
-        except Problem as raised:
-            return raised.response()
-        except TxbError as e:
-            answer = problem_for(e)
-            if answer.status >= 500:
-                log.warning("%s %s: %s", request.method, request.url.path, e)
-            return answer.response()
-        except Exception:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return InternalError(
-                "the broker failed to answer this request; its log has the details"
-            ).response()
+        except Exception as e:
+            return _failed(e, request.method, request.url.path)
 
     return endpoint
 
@@ -80,12 +69,69 @@ def redirecting(fn: Endpoint, master_http: Callable[[], str | None]) -> Endpoint
         try:
             return await fn(request)
         except NotMaster:
-            master = master_http()
-            if master is None:
+            where = request.url.path + ("?" + request.url.query if request.url.query else "")
+            answer = _to_master(master_http, where)
+            if answer is None:
                 raise
-            url = master.rstrip("/") + request.url.path
-            if request.url.query:
-                url += "?" + request.url.query
-            return RedirectResponse(url, 307)
+            return answer
 
     return endpoint
+
+
+def direct_route(
+    path: str,
+    endpoint: DirectEndpoint,
+    tokens: TokenTable,
+    master_http: Callable[[], str | None],
+) -> DirectRoute:
+    """A POST route the HTTP server answers itself (``runtime/httpdirect.py``), under the
+    rules of :func:`guarded` and :func:`redirecting`: the token checked before ``endpoint``
+    runs (which checks the role on what it touches), errors answered as problems, a write that
+    reached a broker that is not its group's master answered 307 to the master."""
+
+    def check(request: DirectRequest) -> None:
+        request.state = _authenticated(tokens, request.header(b"authorization"), None)
+
+    def failed(error: Exception, request: DirectRequest) -> Response:
+        if isinstance(error, NotMaster):
+            answer = _to_master(master_http, request.url)
+            if answer is not None:
+                return answer
+        return _failed(error, request.method, request.path)
+
+    return DirectRoute(path, endpoint, methods=["POST"], check=check, failed=failed)
+
+
+def _authenticated(tokens: TokenTable, authorization: str | None, role: Role | None) -> Principal:
+    """The principal of a bearer token; 401 without a valid one, 403 without ``role``."""
+    if not tokens.entries:
+        return ANYONE  # no tokens: everyone may do everything
+    scheme, _, given = (authorization or "").partition(" ")
+    who = tokens.authenticate(given if scheme.lower() == "bearer" else None)
+    if who is None:
+        raise Unauthorized("send Authorization: Bearer <a token of this broker>")
+    if role is not None and not who.has(role):
+        raise Forbidden(f"token {who.name!r} lacks the {role.value} role")
+    return who
+
+
+def _failed(error: Exception, method: str, path: str) -> Response:
+    """The answer to an endpoint's exception: its problem, or 500 for a bug (logged with its
+    traceback; the details stay in the log)."""
+    if isinstance(error, Problem):
+        return error.response()
+    if isinstance(error, TxbError):
+        answer = problem_for(error)
+        if answer.status >= 500:
+            log.warning("%s %s: %s", method, path, error)
+        return answer.response()
+    log.error("%s %s failed", method, path, exc_info=error)
+    return InternalError(
+        "the broker failed to answer this request; its log has the details"
+    ).response()
+
+
+def _to_master(master_http: Callable[[], str | None], where: str) -> Response | None:
+    """A 307 to ``where`` (path and query) at the master, when this broker knows it."""
+    master = master_http()
+    return RedirectResponse(master.rstrip("/") + where, 307) if master is not None else None

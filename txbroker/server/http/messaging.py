@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -46,11 +45,12 @@ from txbroker.protocol.messages import (
     TxPrepareRequest,
     TxPrepareResponse,
 )
+from txbroker.runtime.httpdirect import DirectRequest
 from txbroker.server.access import Access
 from txbroker.server.connection import settle
 from txbroker.server.delay import SCHEDULE_TOPIC
-from txbroker.server.http.bodies import decode, json_response, read_json
-from txbroker.server.http.guard import guarded, principal, redirecting
+from txbroker.server.http.bodies import decode, json_response, read_json, read_json_direct
+from txbroker.server.http.guard import direct_route, guarded, principal, redirecting
 from txbroker.server.http.problems import (
     BadRequest,
     Conflict,
@@ -93,9 +93,10 @@ def tcp_requests(handlers: Mapping[int, Callable[[Any], Any]], role: Role) -> Tc
     slave refuses writes), then the handler for the opcode, then the answer settled to its body
     (docs/server.md, "Where a new front end plugs in")."""
 
-    async def call(opcode: int, req: Any) -> Any:
+    def call(opcode: int, req: Any) -> Awaitable[Any]:
+        # Not a coroutine itself: the caller awaits settle's, one frame fewer on every request.
         role.check(opcode)
-        return await settle(handlers[opcode](req))
+        return settle(handlers[opcode](req))
 
     return call
 
@@ -125,7 +126,8 @@ class Messaging:
             return Route(path, guarded(self._redirecting(fn), tokens, role=None), methods=["POST"])
 
         return [
-            route("/v1/topics/{topic}/messages", self.publish),
+            # The API's hot path: the HTTP server answers it itself (runtime/httpdirect.py).
+            direct_route("/v1/topics/{topic}/messages", self.publish, tokens, self._master_http),
             route("/v1/transactions", self.prepare),
             route("/v1/transactions/{tx_id}/commit", self.commit),
             route("/v1/transactions/{tx_id}/rollback", self.rollback),
@@ -133,15 +135,15 @@ class Messaging:
 
     # --- endpoints ---
 
-    async def publish(self, request: Request) -> Response:
-        topic = request.path_params["topic"]
+    async def publish(self, request: DirectRequest) -> Response:
+        topic = request.params["topic"]
         # Every message goes to the path's topic: the role is checked before the body is read
         # (a batch needs what a single send does, on the same topic).
         self._access.check(principal(request), Opcode.SEND, SendRequest(topic, b""))
-        raw = await read_json(request)
-        header_key = _idempotency_header(request)
-        batch = _is_batch(raw)
-        if batch:
+        raw = await read_json_direct(request)
+        header_key = _idempotency_key(request.header(b"idempotency-key"))
+        single = _single(raw)
+        if single is None:
             messages = decode(raw, PublishBatch).messages
             if header_key is not None:
                 raise BadRequest(
@@ -152,18 +154,18 @@ class Messaging:
                 raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
             reqs = [_send_request(topic, m, f"messages[{i}]") for i, m in enumerate(messages)]
         else:
-            m = decode(raw, PublishMessage)
-            if header_key is not None and m.idempotency_key not in (None, header_key):
+            if header_key is not None and single.idempotency_key not in (None, header_key):
                 raise BadRequest("the Idempotency-Key header and idempotency_key differ")
-            reqs = [_send_request(topic, m, "body", header_key)]
-        async with self._claimed(r.idempotency_key for r in reqs):
-            await self._refuse_reused_keys(reqs)
-            receipts = await self._publish(reqs, batch=batch)
-        out = [
-            Receipt(r.message_id, r.topic, r.queue_id, r.queue_offset, r.duplicate)
-            for r in receipts
-        ]
-        return json_response(Receipts(out) if batch else out[0], 201)
+            reqs = [_send_request(topic, single, "body", header_key)]
+        held = self._claim(reqs)
+        try:
+            if held:
+                await self._refuse_reused_keys(reqs)
+            receipts = await self._publish(reqs, batch=single is None)
+        finally:
+            self._inflight -= held
+        out = [_receipt(r) for r in receipts] if single is None else None
+        return json_response(Receipts(out) if out is not None else _receipt(receipts[0]), 201)
 
     async def prepare(self, request: Request) -> Response:
         p = decode(await read_json(request), PrepareTransaction)
@@ -195,9 +197,12 @@ class Messaging:
     async def _publish(self, reqs: list[SendRequest], *, batch: bool) -> list[SendReceipt]:
         """A single message as a TCP SEND, a batch as a SEND_BATCH (all or nothing)."""
         if batch:
-            answer = await self._ask(Opcode.SEND_BATCH, SendBatchRequest(reqs), SendBatchResponse)
+            answer = await self._broker(Opcode.SEND_BATCH, SendBatchRequest(reqs))
+            assert isinstance(answer, SendBatchResponse), f"SEND_BATCH answered {answer!r}"
             return answer.receipts
-        return [await self._ask(Opcode.SEND, reqs[0], SendReceipt)]
+        receipt = await self._broker(Opcode.SEND, reqs[0])
+        assert isinstance(receipt, SendReceipt), f"SEND answered {receipt!r}"
+        return [receipt]
 
     async def _end(self, request: Request, decision: Decision) -> Response:
         req = TxEndRequest(request.path_params["tx_id"], decision.value)
@@ -217,10 +222,15 @@ class Messaging:
 
     # --- idempotency keys ---
 
-    @contextlib.asynccontextmanager
-    async def _claimed(self, keys: Iterable[str | None]) -> AsyncIterator[None]:
-        """Hold ``keys`` for this request; 409 if another request on this broker holds one."""
-        mine = {k for k in keys if k is not None}
+    def _claim(self, reqs: Sequence[SendRequest]) -> set[str]:
+        """Hold the requests' idempotency keys while this request is answered (the caller lets
+        go of what this returns); 409 if another request on this broker holds one."""
+        mine: set[str] = set()
+        for r in reqs:
+            if r.idempotency_key is not None:
+                mine.add(r.idempotency_key)
+        if not mine:
+            return mine
         busy = sorted(mine & self._inflight)
         if busy:
             raise Conflict(
@@ -229,10 +239,7 @@ class Messaging:
                 code="IDEMPOTENCY_KEY_IN_FLIGHT",
             )
         self._inflight |= mine
-        try:
-            yield
-        finally:
-            self._inflight -= mine
+        return mine
 
     async def _refuse_reused_keys(self, reqs: Sequence[SendRequest]) -> None:
         """422 when a key is stored (within the deduplication window) with another message,
@@ -266,19 +273,33 @@ class Messaging:
 # --- decoding ---
 
 
+_decode_message: Final = msgspec.json.Decoder(PublishMessage).decode
+
+
+def _single(raw: bytes) -> PublishMessage | None:
+    """The body as one message, or None when it is a batch (``{"messages": [...]}``): decoded
+    as a message first, the common case, so a single message is decoded once. A message's
+    fields never include ``messages``, so a body that decodes as a message is none."""
+    try:
+        return _decode_message(raw)
+    except msgspec.ValidationError as e:
+        if _is_batch(raw):
+            return None
+        raise BadRequest(f"the body does not match PublishMessage: {e}") from e
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the body is not valid JSON: {e}") from e
+
+
 def _is_batch(raw: bytes) -> bool:
     try:
         shape = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError as e:
         raise BadRequest(f"the body must be a JSON object: {e}") from e
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"the body is not valid JSON: {e}") from e
     return "messages" in shape
 
 
-def _idempotency_header(request: Request) -> str | None:
-    """The Idempotency-Key header: an RFC 8941 string (quoted), or the bare value."""
-    value = request.headers.get("idempotency-key")
+def _idempotency_key(value: str | None) -> str | None:
+    """The Idempotency-Key header's key: an RFC 8941 string (quoted), or the bare value."""
     if value is None:
         return None
     value = value.strip()
@@ -310,6 +331,10 @@ def _send_request(
         idempotency_key=idempotency_key or m.idempotency_key,
         deliver_at_ms=m.deliver_at_ms,
     )
+
+
+def _receipt(r: SendReceipt) -> Receipt:
+    return Receipt(r.message_id, r.topic, r.queue_id, r.queue_offset, r.duplicate)
 
 
 # --- what an idempotency key stands for ---
