@@ -52,8 +52,10 @@ _ACCURACY: Final = 10_000  # percentile_approx's relative error is 1/accuracy
 # A percentile is given only from the count at which at least one sample lies above it,
 # n >= 1 / (1 - p): below that, the smallest value with a share p of the samples at or under
 # it is the largest sample, the max under another name (p99 of 3 samples is their max).
-# p95 from 20 samples, p99 from 100; fewer, and the figure is null ("—" in the report).
+# p95 from 20 samples, p99 from 100; fewer, and the figure is null ("—" in the report). The
+# median is given from one sample: a reader takes it for the middle, not for a tail.
 MIN_SAMPLES: Final = {"p50": 1, "p95": 20, "p99": 100}
+_QUANTILES: Final = [int(name[1:]) / 100 for name in MIN_SAMPLES]  # 0.5, 0.95, 0.99
 # The rate chart's points: enough to show a burst, few enough to read each one.
 RATE_BUCKETS_MAX: Final = 60
 
@@ -114,9 +116,9 @@ def legs(i: Inputs) -> DataFrame:
 def latencies(legs: DataFrame) -> DataFrame:
     """(topic, leg, group, count, p50, p95, p99, max) in ms; a percentile is null when
     ``count`` is below its :data:`MIN_SAMPLES`."""
-    pct = F.percentile_approx("ms", [0.5, 0.95, 0.99], _ACCURACY)
+    pct = F.percentile_approx("ms", _QUANTILES, _ACCURACY)
 
-    def shown(name: str, n: int) -> Column:
+    def shown(n: int, name: str) -> Column:
         return F.when(F.col("count") >= MIN_SAMPLES[name], F.col("p")[n]).alias(name)
 
     return (
@@ -127,7 +129,7 @@ def latencies(legs: DataFrame) -> DataFrame:
             "leg",
             "group",
             "count",
-            *(shown(p, n) for n, p in enumerate(MIN_SAMPLES)),
+            *(shown(n, name) for n, name in enumerate(MIN_SAMPLES)),
             "max",
         )
     )
