@@ -27,6 +27,9 @@ ETCD_BIN: Final = Path(os.environ.get("TXB_TEST_ETCD", "/usr/bin/etcd"))
 # A single-member etcd elects itself after one election timeout (1 s by default) and answers
 # within ~1.5 s on an idle machine; 30 s covers a loaded 2-core CI runner many times over.
 START_TIMEOUT_S: Final = 30.0
+# Stopping takes the kernel microseconds per thread; 10 s is a bound for a machine too loaded to
+# schedule the signal's delivery, far past anything a test would wait for.
+STOP_TIMEOUT_S: Final = 10.0
 
 
 def free_port() -> int:
@@ -128,10 +131,12 @@ class EtcdServer:
         Returns once every thread is stopped: the signal only asks, and on a loaded machine a
         thread may still answer a request sent right after ``kill`` returns."""
         os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         while not _all_stopped(self.pid):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd (pid {self.pid}) did not stop within 10 s of SIGSTOP")
+                raise RuntimeError(
+                    f"etcd (pid {self.pid}) did not stop within {STOP_TIMEOUT_S} s of SIGSTOP"
+                )
             time.sleep(0.005)
 
     def resume(self) -> None:
