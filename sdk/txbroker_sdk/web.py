@@ -354,8 +354,6 @@ class TxbService:
     def engine(self) -> AsyncEngine:
         return self._started().engine
 
-    # --- the lifespan ---
-
     @property
     def ready(self) -> bool:
         """Whether every background loop works (what ``/txb/ready`` answers); False outside

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import BrokerProcess, free_port, run_cli
+from txbroker_sdk.settings import AUTH_TOKEN, DEFAULT_SERVER, SERVER
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +120,21 @@ def test_tx_prepare_help_names_its_default_producer_group() -> None:
     out = run_cli("tx", "prepare", "--help")
     assert out.returncode == 0
     assert "(default: cli)" in " ".join(out.stdout.split())
+
+
+def test_the_broker_and_token_come_from_the_variables_a_service_reads(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The CLI and TxbService read the same names (txbroker_sdk.settings): a shell set up for
+    one works for the other. The --server help names the same default."""
+    guarded = BrokerProcess(tmp_path_factory.mktemp("env") / "broker", "--auth-token", "s3cret")
+    guarded.start()
+    try:
+        out = run_cli("topic", "list", env={SERVER: guarded.url, AUTH_TOKEN: "s3cret"})
+        assert (out.returncode, out.stderr) == (0, "no topics\n"), out.stderr
+        out = run_cli("topic", "list", env={SERVER: guarded.url, AUTH_TOKEN: "wrong"})
+        assert out.returncode != 0 and "UNAUTHENTICATED" in out.stderr, out.stderr
+    finally:
+        guarded.stop()
+    out = run_cli("topic", "list", "--help")
+    assert f"(TXB_SERVER; default {DEFAULT_SERVER})" in " ".join(out.stdout.split())

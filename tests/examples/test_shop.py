@@ -18,9 +18,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
@@ -32,8 +29,9 @@ import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import IN_CI, ROOT, BrokerProcess, free_port
+from tests.conftest import IN_CI, BrokerProcess, free_port
 from tests.databases import PG_URL
+from tests.serviceproc import STOP_TIMEOUT_S, ServiceProcess
 from txbroker_sdk import Client, Consumer, create_engine
 from txbroker_sdk.tables import LOCAL_TX
 from txbroker_sdk.testing import create_database, drop_database
@@ -48,79 +46,16 @@ check_backoff_base_ms = 200
 check_backoff_cap_ms = 500
 check_timeout_ms = 2000
 """
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 60.0
 INVOICES = sa.table("invoices", sa.column("order_id"))
 ORDERS = sa.table("orders", sa.column("id"))
 T = TypeVar("T")
 
 
-class Service:
-    """``uvicorn examples.shop.<name>:app`` as a child process; its log goes to a file."""
-
-    def __init__(self, name: str, port: int, env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[str] | None = None
-        self.lines: list[str] = []
-
-    def start(self, **extra_env: str) -> Service:
-        self.lines = []  # this run's (the log file keeps every run's)
-        cmd = [sys.executable, "-m", "uvicorn", f"examples.shop.{self.name}:app"]
-        self.proc = subprocess.Popen(
-            [*cmd, "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=ROOT,
-            env={**os.environ, **self.env, **extra_env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started_or_ended = threading.Event()
-        threading.Thread(target=self._read, args=(self.proc, started_or_ended), daemon=True).start()
-        started_or_ended.wait(START_TIMEOUT_S)
-        if not any("Application startup complete" in line for line in self.lines):
-            self.stop()
-            raise AssertionError(f"{self.name} did not start:\n{self.log()}")
-        return self
-
-    def _read(self, proc: subprocess.Popen[str], started_or_ended: threading.Event) -> None:
-        assert proc.stderr is not None
-        with open(self.log_path, "a") as log:
-            for line in proc.stderr:  # read to the end: a full pipe would block the service
-                self.lines.append(line)
-                log.write(line)
-                log.flush()
-                if "Application startup complete" in line:
-                    started_or_ended.set()
-        started_or_ended.set()
-
-    def log(self) -> str:
-        return "".join(self.lines[-40:])
-
-    def wait_killed(self) -> None:
-        assert self.proc is not None
-        assert self.proc.wait(STOP_TIMEOUT_S) == -signal.SIGKILL, self.log()
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait (bounded); SIGKILL if it hangs. Returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT_S)
-        return self.proc.returncode
-
-
 class Shop:
-    def __init__(self, broker: BrokerProcess, orders: Service, billing: Service) -> None:
+    def __init__(
+        self, broker: BrokerProcess, orders: ServiceProcess, billing: ServiceProcess
+    ) -> None:
         self.broker = broker
         self.orders = orders
         self.billing = billing
@@ -174,15 +109,25 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
     orders_port = billing_port = free_port()
     while billing_port == orders_port:
         billing_port = free_port()
-    common = {"TXB_SERVER": broker.url, "TXB_AUTH_TOKEN": TOKEN, "TXB_CHECK_SECRET": SECRET}
-    orders = Service(
-        "orders",
-        orders_port,
+    common = {
+        **os.environ,
+        "TXB_SERVER": broker.url,
+        "TXB_AUTH_TOKEN": TOKEN,
+        "TXB_CHECK_SECRET": SECRET,
+    }
+    orders = ServiceProcess(
+        "examples.shop.orders:app",
         {**common, "ORDERS_DB": databases[0], "ORDERS_URL": f"http://127.0.0.1:{orders_port}"},
         tmp_path / "orders.log",
+        name="orders",
+        port=orders_port,
     )
-    billing = Service(
-        "billing", billing_port, {**common, "BILLING_DB": databases[1]}, tmp_path / "billing.log"
+    billing = ServiceProcess(
+        "examples.shop.billing:app",
+        {**common, "BILLING_DB": databases[1]},
+        tmp_path / "billing.log",
+        name="billing",
+        port=billing_port,
     )
     shop = Shop(broker, orders, billing)
     try:
@@ -201,6 +146,12 @@ async def shop(tmp_path: Path, databases: tuple[str, str]) -> AsyncIterator[Shop
         if service.proc is not None:
             assert codes[service.name] in (0, -signal.SIGTERM), service.log()
             assert "Application shutdown complete" in service.log(), service.log()
+
+
+def _wait_killed(service: ServiceProcess) -> None:
+    """Until ``service`` dies of the SIGKILL its TXB_FAULTS fault sends itself."""
+    assert service.proc is not None
+    assert service.proc.wait(STOP_TIMEOUT_S) == -signal.SIGKILL, service.log()
 
 
 async def _until(shop: Shop, what: str, check: Callable[[], Awaitable[bool]]) -> None:
@@ -233,7 +184,7 @@ async def _audited(broker: BrokerProcess, expected: set[str]) -> set[str]:
     return seen
 
 
-async def _ready(shop: Shop, service: Service) -> dict[str, Any]:
+async def _ready(shop: Shop, service: ServiceProcess) -> dict[str, Any]:
     """``service``'s answer at /txb/ready once it is 200."""
     answer: dict[str, Any] = {}
 
@@ -306,12 +257,12 @@ async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
     shop.orders.start(TXB_FAULTS="before_db_commit=@1")
     with pytest.raises(httpx.TransportError):
         await shop.place("lost")
-    shop.orders.wait_killed()
+    _wait_killed(shop.orders)
     # Killed after its database commit, before END_TX: COMMIT.
     shop.orders.start(TXB_FAULTS="after_db_commit=@1")
     with pytest.raises(httpx.TransportError):
         await shop.place("kept")
-    shop.orders.wait_killed()
+    _wait_killed(shop.orders)
     # Nothing reaches billing while the only service that can answer for them is down.
     assert await _invoices(shop) == {}
 

@@ -12,8 +12,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -22,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess, free_port
+from tests.conftest import BrokerProcess, free_port
+from tests.serviceproc import ServiceProcess
 from txbroker_sdk import Client
 from txbroker_sdk.web import EXIT_BLOCKED, LIVE_PATH, READY_PATH
 
@@ -32,63 +31,24 @@ OTHER = "rotated-token"
 LOOP = f"subscriber {TOPIC} (group {GROUP})"
 BLOCKED_RETRY_S = 0.5  # the service's slow retry, short: several retries within a test
 WITHIN_S = 30.0
-STARTED = "Application startup complete"
 
 
-class Child:
-    """``uvicorn tests.sdk.supervised_child:app`` as a process; its stderr goes to a file
-    (each start appends), read by the test."""
+class Child(ServiceProcess):
+    """``uvicorn tests.sdk.supervised_child:app`` as a process, on a SQLite file."""
 
     def __init__(self, tmp_path: Path, **env: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.db = tmp_path / "child.db"
-        self.log_path = tmp_path / "child.log"
-        self.env = {
-            **os.environ,
-            "CHILD_DB": f"sqlite:///{self.db}",
-            "CHILD_BLOCKED_RETRY_S": str(BLOCKED_RETRY_S),
-            **env,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._offset = 0  # where this run's lines start in the log
-
-    def start(self, **env: str) -> Child:
-        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        cmd = [sys.executable, "-m", "uvicorn", "tests.sdk.supervised_child:app"]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*cmd, "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=ROOT,
-                env={**self.env, **env},
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        deadline = time.monotonic() + WITHIN_S
-        while STARTED not in self.log():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the service did not start:\n{self.log()}")
-            time.sleep(0.05)  # reading another process's log file, not a synchronisation
-        return self
-
-    def log(self) -> str:
-        """This run's log."""
-        with open(self.log_path, "rb") as f:
-            f.seek(self._offset)
-            return f.read().decode(errors="replace")
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(WITHIN_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WITHIN_S)
-        return self.proc.returncode
+        super().__init__(
+            "tests.sdk.supervised_child:app",
+            {
+                **os.environ,
+                "CHILD_DB": f"sqlite:///{self.db}",
+                "CHILD_BLOCKED_RETRY_S": str(BLOCKED_RETRY_S),
+                **env,
+            },
+            tmp_path / "child.log",
+            name="the service",
+        )
 
     def seen(self) -> list[str]:
         with sqlite3.connect(self.db) as conn:

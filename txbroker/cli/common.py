@@ -13,7 +13,6 @@ from txbroker.errors import InvalidArgument
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
-    "DEFAULT_SERVER",
     "Subparsers",
     "add_broker_options",
     "add_database_option",
@@ -30,7 +29,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-DEFAULT_SERVER = "txb://127.0.0.1:9876"
 # How long a command tries to reach the broker: one that is up answers in milliseconds, and a
 # person at a terminal wants a wrong address named in seconds, not after a service's 10 s wait.
 CONNECT_TIMEOUT_S: Final = 3.0
@@ -82,7 +80,7 @@ def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
     p.add_argument(
         "--server",
         help="txb://host:port, txbs:// for TLS; NameServers: txbns://host:port,..., txbnss:// "
-        f"for TLS (TXB_SERVER; default {DEFAULT_SERVER})",
+        "for TLS (TXB_SERVER; default txb://127.0.0.1:9876)",
     )
     p.add_argument("--auth-token", help="token for a broker started with one (TXB_AUTH_TOKEN)")
     p.add_argument(
@@ -115,32 +113,40 @@ def add_broker_options(p: argparse.ArgumentParser, *, json_help: str) -> None:
     p.add_argument("--json", action="store_true", help=json_help)
 
 
+# The TXB_* names below are the SDK's (txbroker_sdk.settings), so a shell set up for the CLI
+# works for a service too; imported when a command connects, which loads the SDK anyway, so
+# that --help and the broker's own commands start without it.
+
+
 def server_url(args: argparse.Namespace) -> str:
-    return str(args.server or os.environ.get("TXB_SERVER") or DEFAULT_SERVER)
+    from txbroker_sdk.settings import DEFAULT_SERVER, SERVER
+
+    return str(args.server or os.environ.get(SERVER) or DEFAULT_SERVER)
 
 
 def auth_token(args: argparse.Namespace) -> str | None:
-    token: str | None = args.auth_token or os.environ.get("TXB_AUTH_TOKEN")
+    from txbroker_sdk.settings import AUTH_TOKEN
+
+    token: str | None = args.auth_token or os.environ.get(AUTH_TOKEN)
     return token
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``Client`` the broker options give: the token, the TLS files
     and (for a command with ``--connect-timeout``) the connect deadline."""
+    from txbroker_sdk.requests import is_nameserver_url, uses_tls
+    from txbroker_sdk.settings import TLS_CA, TLS_CLIENT_CERT, TLS_CLIENT_KEY
+
     env = os.environ
     options: dict[str, Any] = {"auth_token": auth_token(args)}
     if (timeout := getattr(args, "connect_timeout", None)) is not None:
         options["connect_deadline_s"] = timeout
-    from txbroker_sdk.requests import is_nameserver_url, uses_tls
-
     url = server_url(args)
     # The TLS files mean nothing to a plain broker's URL; NameServers may route to TLS brokers.
     if uses_tls(url) or is_nameserver_url(url):
-        options["tls_ca"] = getattr(args, "tls_ca", None) or env.get("TXB_TLS_CA")
-        options["tls_cert"] = getattr(args, "tls_client_cert", None) or env.get(
-            "TXB_TLS_CLIENT_CERT"
-        )
-        options["tls_key"] = getattr(args, "tls_client_key", None) or env.get("TXB_TLS_CLIENT_KEY")
+        options["tls_ca"] = getattr(args, "tls_ca", None) or env.get(TLS_CA)
+        options["tls_cert"] = getattr(args, "tls_client_cert", None) or env.get(TLS_CLIENT_CERT)
+        options["tls_key"] = getattr(args, "tls_client_key", None) or env.get(TLS_CLIENT_KEY)
     return options
 
 
@@ -191,7 +197,9 @@ def add_database_option(p: argparse.ArgumentParser) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    url: str | None = args.url or os.environ.get("TXB_DATABASE_URL")
+    from txbroker_sdk.settings import DATABASE_URL
+
+    url: str | None = args.url or os.environ.get(DATABASE_URL)
     if not url:
         raise InvalidArgument("give --url (or TXB_DATABASE_URL), e.g. postgresql://user@host/db")
     return url
