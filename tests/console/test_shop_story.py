@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.console.conftest import sign_in, wait_for
-from tests.examples.test_shop import TOKEN, Shop, _invoices, _until, databases, shop
+from tests.examples.test_shop import TOKEN, Shop, databases, shop
 
 __all__ = ["databases", "shop"]  # the shop's fixtures, used here by name
 
@@ -27,9 +27,9 @@ async def test_an_orders_whole_story_is_found_from_its_order_id(
     assert (await shop.place("o-1")).status_code == 201
 
     async def billed() -> bool:
-        return "o-1" in await _invoices(shop)
+        return "o-1" in await shop.invoices()
 
-    await _until(shop, "o-1 invoiced", billed)
+    await shop.until("o-1 invoiced", billed)
 
     sign_in(
         browser, shop.broker.http, token=TOKEN

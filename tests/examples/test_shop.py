@@ -67,6 +67,21 @@ class Shop:
         async with httpx.AsyncClient(timeout=30) as http:
             return await http.post(f"{self.orders.url}/orders", json=order)
 
+    async def until(self, what: str, check: Callable[[], Awaitable[bool]]) -> None:
+        """Wait (bounded) until ``check`` is true; the services' logs if it never is."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not await check():
+            logs = f"orders:\n{self.orders.log()}\nbilling:\n{self.billing.log()}"
+            assert time.monotonic() < deadline, f"not within {SETTLE_TIMEOUT_S} s: {what}\n{logs}"
+            await asyncio.sleep(0.1)  # polling another process's database, not a synchronisation
+
+    async def invoices(self) -> dict[str, int]:
+        """Invoices in the billing database, counted by order id."""
+        assert self.billing_db is not None
+        q = sa.select(INVOICES.c.order_id, sa.func.count()).group_by(INVOICES.c.order_id)
+        async with self.billing_db.connect() as conn:
+            return {order_id: n for order_id, n in (await conn.execute(q)).all()}
+
 
 @pytest.fixture
 def databases() -> Iterator[tuple[str, str]]:
@@ -154,21 +169,6 @@ def _wait_killed(service: ServiceProcess) -> None:
     assert service.proc.wait(STOP_TIMEOUT_S) == -signal.SIGKILL, service.log()
 
 
-async def _until(shop: Shop, what: str, check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while not await check():
-        logs = f"orders:\n{shop.orders.log()}\nbilling:\n{shop.billing.log()}"
-        assert time.monotonic() < deadline, f"not within {SETTLE_TIMEOUT_S} s: {what}\n{logs}"
-        await asyncio.sleep(0.1)  # polling another process's database, not a synchronisation
-
-
-async def _invoices(shop: Shop) -> dict[str, int]:
-    assert shop.billing_db is not None
-    q = sa.select(INVOICES.c.order_id, sa.func.count()).group_by(INVOICES.c.order_id)
-    async with shop.billing_db.connect() as conn:
-        return {order_id: n for order_id, n in (await conn.execute(q)).all()}
-
-
 async def _audited(broker: BrokerProcess, expected: set[str]) -> set[str]:
     """The order ids in ``audit`` messages (the outbox's), consumed until all are seen."""
     seen: set[str] = set()
@@ -194,7 +194,7 @@ async def _ready(shop: Shop, service: ServiceProcess) -> dict[str, Any]:
         answer.update(res.json())
         return res.status_code == 200
 
-    await _until(shop, f"{service.name} reports ready", ready)
+    await shop.until(f"{service.name} reports ready", ready)
     return answer
 
 
@@ -233,10 +233,10 @@ async def test_each_order_is_billed_once_and_audited(shop: Shop) -> None:
     ).status_code == 409  # a retry of a committed order: nothing sent
 
     async def all_billed() -> bool:
-        return ids <= set(await _invoices(shop))
+        return ids <= set(await shop.invoices())
 
-    await _until(shop, "every order invoiced", all_billed)
-    assert await _invoices(shop) == dict.fromkeys(ids, 1)
+    await shop.until("every order invoiced", all_billed)
+    assert await shop.invoices() == dict.fromkeys(ids, 1)
     assert await _audited(shop.broker, ids) == ids
     # The billing service's read route, through its session dependency.
     async with httpx.AsyncClient(timeout=30) as http:
@@ -264,7 +264,7 @@ async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
         await shop.place("kept")
     _wait_killed(shop.orders)
     # Nothing reaches billing while the only service that can answer for them is down.
-    assert await _invoices(shop) == {}
+    assert await shop.invoices() == {}
 
     shop.orders.start()  # its check-back endpoint answers the broker's retried back-checks
     assert (await shop.place("after")).status_code == 201
@@ -276,11 +276,11 @@ async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
             return {key: state for key, state in rows.all()}
 
     async def settled() -> bool:
-        return "lost" in await barrier() and {"kept", "after"} <= set(await _invoices(shop))
+        return "lost" in await barrier() and {"kept", "after"} <= set(await shop.invoices())
 
-    await _until(shop, "both transactions settled and the committed orders invoiced", settled)
+    await shop.until("both transactions settled and the committed orders invoiced", settled)
     assert await barrier() == {"lost": "rolled_back", "kept": "committed", "after": "committed"}
     async with shop.orders_db.connect() as conn:
         assert set((await conn.scalars(sa.select(ORDERS.c.id))).all()) == {"kept", "after"}
-    assert await _invoices(shop) == {"kept": 1, "after": 1}
+    assert await shop.invoices() == {"kept": 1, "after": 1}
     assert await _audited(shop.broker, {"kept", "after"}) == {"kept", "after"}

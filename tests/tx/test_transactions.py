@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import BrokerProcess, run_cli
+from tests.server.test_metrics import scrape, value
 from tests.tx.conftest import GROUP, CheckServer, tx_broker
 from txbroker.errors import InvalidArgument, InvalidName, TransactionConflict, TransactionNotFound
 from txbroker_checkback import CheckStatus
@@ -124,6 +125,10 @@ async def test_unknown_answers_park_after_the_maximum(
         assert checks.checks_for(tx.tx_id) == 3
         parked = await c.list_transactions(state="parked")
         assert [t.tx_id for t in parked.transactions] == [tx.tx_id]
+        async with httpx.AsyncClient(base_url=broker.http) as h:
+            m = await scrape(h)
+        counts = [value(m, f"txbroker_tx_{s}") for s in ("pending", "parked", "stalled")]
+        assert counts == [0, 1, 0]
         await asyncio.sleep(0.5)
         assert checks.checks_for(tx.tx_id) == 3  # parked: no more checks
         # An operator resumes; the service now knows the answer.

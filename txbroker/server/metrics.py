@@ -26,8 +26,7 @@ from txbroker.server.reconciliation import ReconcileSummary, latest_summary
 from txbroker.server.topics import TopicRegistry
 from txbroker.store import MessageStore
 from txbroker.tx.checker import BackChecker
-from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.state import TxState
+from txbroker.tx.coordinator import OpenCounts, TxCoordinator
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -73,6 +72,8 @@ class BrokerMetrics:
         self._reports = reconcile_reports
         self._summary_read: tuple[float, ReconcileSummary | None] | None = None
         self._tx, self._checker = tx, checker
+        # The three open-transaction gauges of a scrape, counted in one pass (exposition).
+        self._open = OpenCounts(0, 0, 0)
         self._fsyncs_seen = 0
         self.registry: CollectorRegistry | None = None
         meter = self._meter()
@@ -122,19 +123,19 @@ class BrokerMetrics:
         )
         m.create_observable_gauge(
             "txbroker.tx.pending",
-            [_gauge(lambda: self._tx.count(TxState.PREPARED))],
+            [_gauge(lambda: self._open.pending)],
             unit="{transaction}",
             description="Half messages waiting for their commit or rollback.",
         )
         m.create_observable_gauge(
             "txbroker.tx.parked",
-            [_gauge(lambda: self._tx.count(TxState.PARKED))],
+            [_gauge(lambda: self._open.parked)],
             unit="{transaction}",
             description="Transactions the back-checks gave up on; an operator resolves them.",
         )
         m.create_observable_gauge(
             "txbroker.tx.stalled",
-            [_gauge(self._tx.count_stalled)],
+            [_gauge(lambda: self._open.stalled)],
             unit="{transaction}",
             description="Pending transactions whose back-checks have reached no one for the "
             "stall time (endpoint unreachable, or no poller): still checked, never decided.",
@@ -297,6 +298,7 @@ class BrokerMetrics:
         from prometheus_client import generate_latest
 
         self.drain_fsyncs()
+        self._open = self._tx.counts()
         return generate_latest(self.registry)
 
     def shutdown(self) -> None:

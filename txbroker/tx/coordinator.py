@@ -74,7 +74,7 @@ from txbroker.tx.state import (
     transition_back,
 )
 
-__all__ = ["TxCoordinator", "TxSettings"]
+__all__ = ["OpenCounts", "TxCoordinator", "TxSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,13 @@ class TxSettings:
     # to operators and alerted on, never decided. 15 min: longer than a deploy or a restart of
     # the service (8 failed checks at the default backoff), short of the 45 min parking takes.
     stall_after_ms: int = 900_000
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCounts:
+    pending: int  # PREPARED
+    parked: int
+    stalled: int  # of the pending ones
 
 
 class TxCoordinator:
@@ -492,12 +499,17 @@ class TxCoordinator:
         out.sort(key=lambda t: t.created_ms)
         return out
 
-    def count(self, state: TxState) -> int:
-        return sum(1 for tx in self.open.values() if tx.state is state)
-
-    def count_stalled(self) -> int:
+    def counts(self) -> OpenCounts:
+        """The open transactions counted by state, in one pass over them."""
         now, after = time.time_ns() // 1_000_000, self.settings.stall_after_ms
-        return sum(1 for tx in self.open.values() if tx.stalled(now, after))
+        pending = parked = stalled = 0
+        for tx in self.open.values():
+            if tx.state is TxState.PARKED:
+                parked += 1
+            elif tx.state is TxState.PREPARED:
+                pending += 1
+                stalled += tx.stalled(now, after)
+        return OpenCounts(pending, parked, stalled)
 
     def info(self, tx: Tx) -> TxInfo:
         """``tx`` as TX_SHOW, TX_LIST and the HTTP admin API describe it."""

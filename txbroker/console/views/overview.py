@@ -11,7 +11,6 @@ from starlette.routing import Route
 
 from txbroker.console.context import Context
 from txbroker.console.messages import MessageView
-from txbroker.tx.state import TxState
 
 __all__ = ["routes"]
 
@@ -25,11 +24,12 @@ def routes(ctx: Context) -> list[Route]:
     async def overview(request: Request) -> Response:
         topics = [deps.admin.topic_info(t) for t in deps.topics.list()]
         groups = deps.admin.groups()
+        open_txs = deps.tx.counts()
         totals = {
             "topics": len(topics),
             "messages": sum(t.messages for t in topics),
-            "pending": deps.tx.count(TxState.PREPARED),
-            "parked": deps.tx.count(TxState.PARKED),
+            "pending": open_txs.pending,
+            "parked": open_txs.parked,
             "groups": len(groups),
             "lag": sum(g.lag for g in groups),
         }
