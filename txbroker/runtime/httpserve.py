@@ -136,11 +136,7 @@ class _HttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         parser = self.parser
         method = parser.get_method()
-        if (
-            method not in self._direct_methods
-            or self.limit_concurrency is not None  # uvicorn's own check answers 503
-            or parser.should_upgrade()
-        ):
+        if method not in self._direct_methods or parser.should_upgrade():
             self._to_app()
             return
         # The request line as uvicorn reads it for the ASGI scope.
