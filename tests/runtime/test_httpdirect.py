@@ -133,6 +133,22 @@ async def test_keep_alive_and_the_servers_headers(served: tuple[Endpoints, HttpS
     writer.close()
 
 
+async def test_an_upgrade_not_taken_up_is_answered_by_the_route(
+    served: tuple[Endpoints, HttpServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    e, server = served
+    reader, writer = await _connect(server)
+    with caplog.at_level(logging.ERROR):
+        # As curl --http2 asks over http://; an upgrade's bytes after the headers are not the
+        # request's body to the parser, so it has none.
+        writer.write(_post("/echo/up", b"", "Connection: Upgrade", "Upgrade: h2c"))
+        status, _, body = await _answer(reader)
+    assert (status, body) == (200, b"up:None:0:b''")
+    assert e.calls == 1
+    assert caplog.records == []
+    writer.close()
+
+
 async def test_pipelined_requests_are_answered_in_order_with_the_apps(
     served: tuple[Endpoints, HttpServer],
 ) -> None:
