@@ -114,6 +114,18 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], by
     return status, headers, body
 
 
+async def _exchange(
+    server: HttpServer, requests: bytes, answers: int = 1
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """``requests`` written on a new connection, and their first ``answers`` answers."""
+    reader, writer = await _connect(server)
+    try:
+        writer.write(requests)
+        return [await _answer(reader) for _ in range(answers)]
+    finally:
+        writer.close()
+
+
 def _post(path: str, body: bytes, *extra: str) -> bytes:
     head = [f"POST {path} HTTP/1.1", "Host: t", f"Content-Length: {len(body)}", *extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -133,25 +145,39 @@ async def test_keep_alive_and_the_servers_headers(served: tuple[Endpoints, HttpS
     writer.close()
 
 
+async def test_an_upgrade_not_taken_up_is_answered_by_the_route(
+    served: tuple[Endpoints, HttpServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    e, server = served
+    with caplog.at_level(logging.ERROR):
+        # As curl --http2 asks over http://; an upgrade's bytes after the headers are not the
+        # request's body to the parser, so it has none.
+        [(status, _, body)] = await _exchange(
+            server, _post("/echo/up", b"", "Connection: Upgrade", "Upgrade: h2c")
+        )
+    assert (status, body) == (200, b"up:None:0:b''")
+    assert e.calls == 1
+    assert caplog.records == []
+
+
 async def test_pipelined_requests_are_answered_in_order_with_the_apps(
     served: tuple[Endpoints, HttpServer],
 ) -> None:
     _, server = served
-    reader, writer = await _connect(server)
-    writer.write(
+    answers = await _exchange(
+        server,
         _post("/echo/a", b"1")
         + b"GET /plain HTTP/1.1\r\nHost: t\r\n\r\n"
         + _post("/echo/b", b"22")
-        + _post("/echo/%C3%A9", b"")  # the path decoded, as the app's router sees it
+        + _post("/echo/%C3%A9", b""),  # the path decoded, as the app's router sees it
+        4,
     )
-    answers = [await _answer(reader) for _ in range(4)]
     assert [b for _, _, b in answers] == [
         b"a:None:1:b'1'",
         b"from the app",
         b"b:None:2:b'22'",
         "é:None:0:b''".encode(),
     ]
-    writer.close()
 
 
 async def test_a_chunked_body(served: tuple[Endpoints, HttpServer]) -> None:
@@ -231,36 +257,31 @@ async def test_the_check_and_the_endpoints_exceptions_are_the_routes_to_answer(
     served: tuple[Endpoints, HttpServer],
 ) -> None:
     e, server = served
-    reader, writer = await _connect(server)
-    writer.write(_post("/broken", b"") + _post("/echo/x", b"", "X-Deny: yes"))
-    status, headers, body = await _answer(reader)
+    broken, denied = await _exchange(
+        server, _post("/broken", b"") + _post("/echo/x", b"", "X-Deny: yes"), 2
+    )
+    status, headers, body = broken
     assert (status, body) == (418, b"/broken failed: a bug in a direct endpoint")
     assert "connection" not in headers  # an answer like any other: the connection stays
-    status, _, body = await _answer(reader)
+    status, _, body = denied
     assert (status, body) == (418, b"/echo/x failed: denied before the endpoint")
     assert e.calls == 0  # refused before the endpoint ran
-    writer.close()
 
 
 async def test_what_escapes_an_endpoint_is_logged_and_answered_500(
     served: tuple[Endpoints, HttpServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, server = served
-    reader, writer = await _connect(server)
     with caplog.at_level(logging.ERROR):
-        writer.write(_post("/cancelled", b""))
-        status, headers, body = await _answer(reader)
+        [(status, headers, body)] = await _exchange(server, _post("/cancelled", b""))
     assert (status, headers["connection"], body) == (500, "close", b"Internal Server Error")
     assert "Exception in direct route /cancelled" in caplog.text
-    writer.close()
-    reader, writer = await _connect(server)
     with caplog.at_level(logging.ERROR):
-        writer.write(_post("/bad-header", b""))  # a header value that would split the answer
-        status, headers, body = await _answer(reader)
+        # A header value that would split the answer.
+        [(status, headers, body)] = await _exchange(server, _post("/bad-header", b""))
     assert (status, headers["connection"], body) == (500, "close", b"Internal Server Error")
     assert "x-injected" not in headers
     assert "Exception in direct route /bad-header" in caplog.text
-    writer.close()
 
 
 async def test_a_client_gone_mid_body_leaves_nothing_behind(

@@ -48,7 +48,8 @@ class Build:
 
     @property
     def kind(self) -> str:
-        """``compiled`` or ``pure``: the label of the build-info gauge."""
+        """``compiled`` or ``pure``: the ready line's ``build=`` and the ``txbroker.build``
+        attribute of the metrics' resource (``target_info``'s ``txbroker_build`` label)."""
         return "compiled" if self.compiled else "pure"
 
     def describe(self) -> str:

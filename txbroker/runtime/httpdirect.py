@@ -52,8 +52,8 @@ class DirectRoute(Route):
     returns a whole Response (a body, no background task); an Exception either raises is
     answered by ``failed``. The route stays in the app's route table, so another method on its
     path is still the app's 405 with its Allow header, and a path with a trailing slash the
-    app's redirect; a request it takes in full never reaches the app (an app served elsewhere
-    answers it 500)."""
+    app's redirect; a request it takes in full never reaches the app (served by another ASGI
+    server, the app raises on one)."""
 
     def __init__(
         self,

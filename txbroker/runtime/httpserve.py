@@ -136,10 +136,10 @@ class _HttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         parser = self.parser
         method = parser.get_method()
-        if (
-            method not in self._direct_methods
-            or self.limit_concurrency is not None  # uvicorn's own check answers 503
-            or parser.should_upgrade()
+        # A WebSocket upgrade is the app's; any other Upgrade (h2c) is not taken up, by uvicorn
+        # either, and the request is answered as it stands.
+        if method not in self._direct_methods or (
+            parser.should_upgrade() and self._should_upgrade()
         ):
             self._to_app()
             return

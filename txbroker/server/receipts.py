@@ -121,19 +121,26 @@ BrokerCall = Callable[[int, Any], Awaitable[Any]]
 
 
 class State(enum.Enum):
-    """A delivery's states. INVISIBLE: handed out; its receipt acks (gone), nacks or extends
-    it. HANDING_BACK: not acked in time, or nacked; its receipt is stale, and it is gone once
-    the NACK's copy is written. WAITING: a retry copy read for the receivers of another of the
+    """A delivery's states. INVISIBLE: handed out; its receipt acks, nacks or extends it.
+    ACKED: acknowledged, gone from the in-flight table (a deadline still naming it skips it).
+    HANDING_BACK: not acked in time, or nacked; its receipt is stale, and it is gone once the
+    NACK's copy is written. WAITING: a retry copy read for the receivers of another of the
     group's topics, kept until a receiver of its own topic takes it."""
 
     WAITING = "waiting"
     INVISIBLE = "invisible"
+    ACKED = "acked"
     HANDING_BACK = "handing back"
+
+    # Hashed by identity, as its members compare: Enum's own hash is Python code, run twice
+    # on every move of every message handed out.
+    __hash__ = object.__hash__
 
 
 _MOVES: Final = {
     State.WAITING: {State.INVISIBLE},
-    State.INVISIBLE: {State.HANDING_BACK},
+    State.INVISIBLE: {State.ACKED, State.HANDING_BACK},
+    State.ACKED: set[State](),
     State.HANDING_BACK: set[State](),
 }
 
@@ -327,7 +334,8 @@ class Receiver:
             if found is None:
                 stale.append(receipt)
                 continue
-            source, queue, offset, _ = found
+            source, queue, offset, delivery = found
+            delivery.move(State.ACKED)
             del source.flight[queue][offset]
             source.dirty.add(queue)
             touched[source.kind] = source
@@ -525,22 +533,28 @@ class Receiver:
         full: set[int] = set()
         out: list[Received] = []
         taken: list[_Flying] = []
+        kind, flight, nonces = source.kind, source.flight, self._nonces
         for m in answer.messages:
             q, offset = m.queue_id, m.queue_offset
             if q not in source.queues or q in full:
                 continue
-            flying = source.flight.setdefault(q, {})
+            flying = flight.get(q)
+            if flying is None:
+                flying = flight[q] = {}
             if offset < source.next.get(q, 0) or offset in flying:
                 continue  # another read took it
-            if source.kind == "r" and m.topic != lane.topic:
+            if kind == "r" and m.topic != lane.topic:
                 flying[offset] = _Delivery(m, State.WAITING)
                 continue
             if len(out) >= room:
                 full.add(q)
                 nexts[q] = offset
                 continue
-            delivery = flying[offset] = _Delivery(m, State.WAITING)
-            out.append(self._hand_out(source, q, offset, delivery, until))
+            # Handed out as it is read: invisible from the start (a retry copy read for
+            # another topic's receivers is handed out later, by _hand_out).
+            receipt = f"{kind}.{q}.{offset}.{nonces.next()}"
+            delivery = flying[offset] = _Delivery(None, State.INVISIBLE, receipt, until)
+            out.append(Received(m, receipt))
             taken.append((q, offset, delivery))
         for q, offset in nexts.items():
             if q in source.queues:
@@ -551,7 +565,7 @@ class Receiver:
     def _hand_out(
         self, source: _Source, queue: int, offset: int, d: _Delivery, until: float
     ) -> Received:
-        """The delivery, invisible until ``until`` (the caller schedules its deadline)."""
+        """A waiting delivery, invisible until ``until`` (the caller schedules its deadline)."""
         message, d.message = d.message, None
         assert message is not None, "a delivery is handed out once"
         d.move(State.INVISIBLE)
@@ -729,8 +743,8 @@ class Receiver:
         return source, [
             (queue, offset, d)
             for queue, offset, d in flying
-            if d.deadline == deadline
-            and d.state is State.INVISIBLE
+            if d.state is State.INVISIBLE  # first: most are acknowledged, which ends here
+            and d.deadline == deadline
             and flight.get(queue, {}).get(offset) is d
         ]
 
