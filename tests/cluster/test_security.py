@@ -19,7 +19,14 @@ from tests.cluster.logs import keys_in_log
 from tests.conftest import IN_CI, BrokerProcess, run_cli
 from tests.pki import OPENSSL_MISSING, Pki, make_pki
 from txbroker.cluster.routes import Role
-from txbroker.errors import NoRoute, ReplicationTimeout, TlsRequired, Unauthenticated
+from txbroker.errors import (
+    InvalidArgument,
+    NoRoute,
+    ReplicationTimeout,
+    TlsRequired,
+    Unauthenticated,
+)
+from txbroker.nameserver import NameServer, NameServerConfig
 from txbroker_sdk import Client
 from txbroker_sdk.cluster import ClusterClient
 from txbroker_sdk.errors import TlsFailed
@@ -177,3 +184,14 @@ async def _log_line(path: Path, text: str) -> str:
                 return line
         assert time.monotonic() < deadline, f"no {text!r} in {path} within {LOG_WAIT_S} s"
         await asyncio.sleep(LOOK_S)
+
+
+async def test_a_nameserver_with_a_tls_file_it_cannot_load_names_the_flags(
+    pki: Pki, tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing-key.pem"
+    config = NameServerConfig("etcd://127.0.0.1:1", tls_cert=pki.server_cert, tls_key=missing)
+    # The files are loaded before etcd is reached: the unreachable coordinator is never asked.
+    with pytest.raises(InvalidArgument, match=r"--tls-cert, --tls-key") as e:
+        await NameServer(config).start()
+    assert "broker" not in str(e.value)

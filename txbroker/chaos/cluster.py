@@ -25,14 +25,28 @@ from typing import Final
 from txbroker.chaos.netns import Host, TestNet
 from txbroker.cluster import connect_coordinator
 from txbroker.cluster.coordination import EventKind
-from txbroker.cluster.routes import BROKERS_PREFIX, BrokerInfo, Role, choose_masters
+from txbroker.cluster.routes import (
+    BROKERS_PREFIX,
+    ROOT,
+    BrokerInfo,
+    Role,
+    choose_masters,
+    election_group,
+)
 from txbroker.errors import NoRoute
 from txbroker.nameserver import READY_PREFIX
 from txbroker.runtime.brokerproc import BrokerProcess, terminate
 from txbroker.runtime.etcdproc import EtcdServer, free_port
 from txbroker_sdk import Client
 
-__all__ = ["Cluster", "Member", "NameServerProcess", "wait_for_brokers"]
+__all__ = [
+    "Cluster",
+    "Member",
+    "NameServerProcess",
+    "Registrations",
+    "wait_for_brokers",
+    "wait_for_registrations",
+]
 
 START_TIMEOUT_S: Final = 30.0
 # On a test host of its own a process has every port to itself: the defaults of each.
@@ -193,7 +207,7 @@ class Cluster:
                 self.etcd.url, log, NAMESERVER_PORT, host.address, host.run_prefix
             )
         self.nameserver = await asyncio.to_thread(ns.start)
-        await self.wait_brokers(lambda bs: set(self.groups) <= set(choose_masters(bs.values())))
+        await self._wait(lambda now: set(self.groups) <= set(now.masters()))
 
     async def stop(self) -> None:
         if self.nameserver is not None:
@@ -244,16 +258,22 @@ class Cluster:
     async def wait_brokers(
         self, check: Callable[[dict[str, BrokerInfo]], bool], timeout_s: float = 30.0
     ) -> dict[str, BrokerInfo]:
-        def seen(brokers: dict[str, BrokerInfo]) -> bool:
-            for b in brokers.values():
+        """The registered brokers (by key) once ``check`` holds of them (bounded)."""
+        return (await self._wait(lambda now: check(now.brokers), timeout_s)).brokers
+
+    async def _wait(
+        self, check: Callable[[Registrations], bool], timeout_s: float = 30.0
+    ) -> Registrations:
+        def seen(now: Registrations) -> bool:
+            for b in now.brokers.values():
                 if b.role is Role.MASTER and b.epoch:
                     self.terms.setdefault((b.group, b.epoch), b.broker_id)
-            return check(brokers)
+            return check(now)
 
-        return await wait_for_brokers(self.etcd.url, seen, timeout_s)
+        return await wait_for_registrations(self.etcd.url, seen, timeout_s)
 
     async def masters(self) -> dict[str, BrokerInfo]:
-        return dict(choose_masters((await self.wait_brokers(lambda _: True)).values()))
+        return (await self._wait(lambda _: True)).masters()
 
     async def kill_master(self, group: str) -> Member:
         """kill -9 the master of ``group`` now; returns it."""
@@ -265,20 +285,14 @@ class Cluster:
     async def wait_master(
         self, group: str, *, other_than: str, timeout_s: float = 30.0
     ) -> BrokerInfo:
-        """The first broker of ``group`` other than ``other_than`` registered as master."""
+        """The first master of ``group`` other than ``other_than`` (a former master's
+        lingering registration is none)."""
 
-        def elected(bs: dict[str, BrokerInfo]) -> bool:
-            return any(
-                b.group == group and b.role is Role.MASTER and b.broker_id != other_than
-                for b in bs.values()
-            )
+        def elected(now: Registrations) -> bool:
+            master = now.masters().get(group)
+            return master is not None and master.broker_id != other_than
 
-        got = await self.wait_brokers(elected, timeout_s)
-        return next(
-            b
-            for b in got.values()
-            if b.group == group and b.role is Role.MASTER and b.broker_id != other_than
-        )
+        return (await self._wait(elected, timeout_s)).masters()[group]
 
     async def restart(self, m: Member) -> None:
         await asyncio.to_thread(m.proc.start)
@@ -287,11 +301,65 @@ class Cluster:
         """Until every broker of ``group`` is registered and exactly one as master."""
         n = sum(1 for m in self.members if m.group == group)
 
-        def ready(bs: dict[str, BrokerInfo]) -> bool:
-            mine = [b for b in bs.values() if b.group == group]
-            return len(mine) == n and sum(b.role is Role.MASTER for b in mine) == 1
+        def ready(now: Registrations) -> bool:
+            mine = [b for b in now.brokers.values() if b.group == group]
+            return (
+                len(mine) == n
+                and sum(b.role is Role.MASTER for b in mine) == 1
+                and group in now.masters()
+            )
 
-        await self.wait_brokers(ready, timeout_s)
+        await self._wait(ready, timeout_s)
+
+
+@dataclass
+class Registrations:
+    """The brokers registered (by key) and each group's election (group -> the key's create
+    revision, the current term's epoch), as etcd has them."""
+
+    brokers: dict[str, BrokerInfo]
+    elections: dict[str, int]
+
+    def masters(self) -> dict[str, BrokerInfo]:
+        """Each group's master as the NameServer names it (``routes.choose_masters``)."""
+        return dict(choose_masters(self.brokers.values(), self.elections))
+
+    def put(self, key: str, value: bytes, create_revision: int) -> None:
+        if key.startswith(BROKERS_PREFIX):
+            self.brokers[key] = BrokerInfo.from_json(value)
+        elif (group := election_group(key)) is not None:
+            self.elections[group] = create_revision
+
+    def delete(self, key: str) -> None:
+        self.brokers.pop(key, None)
+        if (group := election_group(key)) is not None:
+            self.elections.pop(group, None)
+
+
+async def wait_for_registrations(
+    coordinator_url: str, check: Callable[[Registrations], bool], timeout_s: float = 30.0
+) -> Registrations:
+    """The registrations once ``check`` holds of them: /txb/ listed, then followed by a watch
+    from the listing's revision, within ``timeout_s``."""
+    now = Registrations({}, {})
+    async with await connect_coordinator(coordinator_url) as coordinator:
+        listing = await coordinator.list_prefix(ROOT)
+        for kv in listing.items:
+            now.put(kv.key, kv.value, kv.create_revision)
+        if check(now):
+            return now
+        async with asyncio.timeout(timeout_s):
+            async with coordinator.watch_prefix(
+                ROOT, start_revision=listing.revision + 1
+            ) as events:
+                async for event in events:
+                    if event.kind is EventKind.DELETE:
+                        now.delete(event.key)
+                    else:
+                        now.put(event.key, event.value, event.create_revision)
+                    if check(now):
+                        return now
+    raise AssertionError("the watch ended")
 
 
 async def wait_for_brokers(
@@ -299,22 +367,6 @@ async def wait_for_brokers(
     check: Callable[[dict[str, BrokerInfo]], bool],
     timeout_s: float = 30.0,
 ) -> dict[str, BrokerInfo]:
-    """The registrations under /txb/brokers/ (by key) once ``check(registrations)`` holds:
-    listed, then followed by a watch from the listing's revision, within ``timeout_s``."""
-    async with await connect_coordinator(coordinator_url) as coordinator:
-        listing = await coordinator.list_prefix(BROKERS_PREFIX)
-        brokers = {kv.key: BrokerInfo.from_json(kv.value) for kv in listing.items}
-        if check(brokers):
-            return brokers
-        async with asyncio.timeout(timeout_s):
-            async with coordinator.watch_prefix(
-                BROKERS_PREFIX, start_revision=listing.revision + 1
-            ) as events:
-                async for event in events:
-                    if event.kind is EventKind.DELETE:
-                        brokers.pop(event.key, None)
-                    else:
-                        brokers[event.key] = BrokerInfo.from_json(event.value)
-                    if check(brokers):
-                        return brokers
-    raise AssertionError("the watch ended")
+    """The registrations under /txb/brokers/ (by key) once ``check(registrations)`` holds."""
+    now = await wait_for_registrations(coordinator_url, lambda r: check(r.brokers), timeout_s)
+    return now.brokers

@@ -5,12 +5,10 @@ members (docs/cluster.md)."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING
 
-from txbroker.cli.common import Subparsers, run
+from txbroker.cli.common import Subparsers, add_coordinator_option, coordinator_url, run
 from txbroker.cli.output import Column, print_json, print_table
-from txbroker.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from txbroker.cluster.status import ClusterStatus
@@ -29,11 +27,7 @@ def register(sub: Subparsers) -> None:
         "its role, flushed offset, bytes behind its master and registration lease, and every "
         "topic's route. Offsets are the brokers' last registrations (about every second).",
     )
-    p.add_argument(
-        "--coordinator",
-        metavar="URL",
-        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
-    )
+    add_coordinator_option(p)
     p.add_argument("--json", action="store_true", help="print the status as one JSON object")
     p.set_defaults(func=_status)
     f = csub.add_parser(
@@ -45,23 +39,12 @@ def register(sub: Subparsers) -> None:
     )
     f.add_argument("group", help="the broker group it was a member of")
     f.add_argument("broker_id", metavar="BROKER_ID", help="its --broker-id")
-    f.add_argument(
-        "--coordinator",
-        metavar="URL",
-        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
-    )
+    add_coordinator_option(f)
     f.set_defaults(func=_forget)
 
 
-def _coordinator_url(args: argparse.Namespace) -> str:
-    coordinator: str | None = args.coordinator or os.environ.get("TXB_COORDINATOR")
-    if not coordinator:
-        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
-    return coordinator
-
-
 def _forget(args: argparse.Namespace) -> int:
-    run(_forget_member(_coordinator_url(args), args.group, args.broker_id))
+    run(_forget_member(coordinator_url(args), args.group, args.broker_id))
     print(f"broker {args.broker_id} is no longer a member of group {args.group}")
     return 0
 
@@ -75,7 +58,7 @@ async def _forget_member(url: str, group: str, broker_id: str) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    coordinator = _coordinator_url(args)
+    coordinator = coordinator_url(args)
     from txbroker.cluster.status import queue_span
 
     status = run(_read(coordinator))

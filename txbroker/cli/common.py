@@ -15,10 +15,13 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "Subparsers",
     "add_broker_options",
+    "add_coordinator_option",
     "add_database_option",
+    "add_tls_listener_options",
     "auth_token",
     "client_logging",
     "client_options",
+    "coordinator_url",
     "database_url",
     "non_negative",
     "positive",
@@ -187,6 +190,38 @@ def client_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
     if not verbose:
         attempts_log.setLevel(logging.ERROR)
+
+
+# --- commands that serve, and commands that work on a cluster's etcd ---
+
+
+def add_tls_listener_options(p: argparse._ActionsContainer) -> None:
+    """A listener's TLS files: the broker's (``serve``) and the NameServer's mean the same."""
+    p.add_argument(
+        "--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (TXB_TLS_CERT)"
+    )
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's key (TXB_TLS_KEY)")
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
+    )
+
+
+def add_coordinator_option(p: argparse.ArgumentParser) -> None:
+    """``--coordinator``, required (:func:`coordinator_url`)."""
+    p.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
+    )
+
+
+def coordinator_url(args: argparse.Namespace) -> str:
+    url: str | None = args.coordinator or os.environ.get("TXB_COORDINATOR")
+    if not url:
+        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    return url
 
 
 # --- commands that work on a service's database ---

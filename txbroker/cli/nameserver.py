@@ -7,7 +7,13 @@ import logging
 import os
 from pathlib import Path
 
-from txbroker.cli.common import Subparsers, run
+from txbroker.cli.common import (
+    Subparsers,
+    add_coordinator_option,
+    add_tls_listener_options,
+    coordinator_url,
+    run,
+)
 from txbroker.errors import InvalidArgument
 
 __all__ = ["DEFAULT_PORT", "register"]
@@ -24,11 +30,7 @@ def register(sub: Subparsers) -> None:
         "(txbns://host:port in the SDK) until SIGINT/SIGTERM. Stateless: run several, any one "
         "answers. See docs/cluster.md.",
     )
-    ns.add_argument(
-        "--coordinator",
-        metavar="URL",
-        help="etcd://host:port[,host:port...] (TXB_COORDINATOR; required)",
-    )
+    add_coordinator_option(ns)
     ns.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ns.add_argument(
         "--port",
@@ -42,24 +44,14 @@ def register(sub: Subparsers) -> None:
         "NameServer with txbnss://host:port. See docs/cluster.md, 'Security'.",
     )
     sec.add_argument("--auth-token", help="a token clients must present (TXB_AUTH_TOKEN)")
-    sec.add_argument(
-        "--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (TXB_TLS_CERT)"
-    )
-    sec.add_argument("--tls-key", metavar="PEM", help="the certificate's key (TXB_TLS_KEY)")
-    sec.add_argument(
-        "--tls-client-ca",
-        metavar="PEM",
-        help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
-    )
+    add_tls_listener_options(sec)
     ns.set_defaults(func=_nameserver)
 
 
 def _nameserver(args: argparse.Namespace) -> int:
     from txbroker.nameserver import NameServerConfig, serve_nameserver
 
-    coordinator = args.coordinator or os.environ.get("TXB_COORDINATOR")
-    if not coordinator:
-        raise InvalidArgument("give --coordinator etcd://host:port (or TXB_COORDINATOR)")
+    coordinator = coordinator_url(args)
     if not 0 <= args.port <= 65535:
         raise InvalidArgument(f"port must be 0..65535, got {args.port}")
     logging.basicConfig(

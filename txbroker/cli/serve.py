@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from txbroker.cli.common import Subparsers, non_negative, positive, run
+from txbroker.cli.common import Subparsers, add_tls_listener_options, non_negative, positive, run
 from txbroker.cli.serve_replication import add_replication_flags, replication_flags
 
 if TYPE_CHECKING:
@@ -208,15 +208,7 @@ def _security_flags(sv: argparse.ArgumentParser) -> None:
         help="TOML file of [[tokens]] entries: name, token_sha256 (or token), roles, topics "
         "(TXB_TOKENS_FILE)",
     )
-    sec.add_argument(
-        "--tls-cert", metavar="PEM", help="serve TLS with this certificate chain (TXB_TLS_CERT)"
-    )
-    sec.add_argument("--tls-key", metavar="PEM", help="the certificate's key (TXB_TLS_KEY)")
-    sec.add_argument(
-        "--tls-client-ca",
-        metavar="PEM",
-        help="mutual TLS: clients must present a certificate this CA signed (TXB_TLS_CLIENT_CA)",
-    )
+    add_tls_listener_options(sec)
     sec.add_argument(
         "--tls-ca",
         metavar="PEM",

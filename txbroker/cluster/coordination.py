@@ -78,6 +78,7 @@ class WatchEvent:
     key: str
     value: bytes  # empty for DELETE
     mod_revision: int  # for DELETE, the revision of the deletion
+    create_revision: int = 0  # as KeyValue's; 0 for DELETE
 
 
 class Watch(AsyncIterator[WatchEvent], abc.ABC):

@@ -407,7 +407,13 @@ class EtcdWatch(Watch):
         kv = event.kv
         if event.kind == "DELETE":
             return WatchEvent(EventKind.DELETE, kv.key.decode(), b"", int(kv.mod_revision))
-        return WatchEvent(EventKind.PUT, kv.key.decode(), bytes(kv.value), int(kv.mod_revision))
+        return WatchEvent(
+            EventKind.PUT,
+            kv.key.decode(),
+            bytes(kv.value),
+            int(kv.mod_revision),
+            int(kv.create_revision),
+        )
 
     def _end(self) -> None:
         self._pending = None

@@ -35,6 +35,7 @@ __all__ = [
     "broker_key",
     "choose_masters",
     "delete_route",
+    "election_group",
     "forget_member",
     "is_former_master",
     "master_key",
@@ -66,6 +67,12 @@ def broker_key(group: str, broker_id: str) -> str:
 
 def master_key(group: str) -> str:
     return f"{GROUPS_PREFIX}{_name('group', group)}/master"
+
+
+def election_group(key: str) -> str | None:
+    """The group whose election key ``key`` is (:func:`master_key`), or None for another key."""
+    group, _, leaf = key.removeprefix(GROUPS_PREFIX).partition("/")
+    return group if key.startswith(GROUPS_PREFIX) and leaf == "master" else None
 
 
 def members_prefix(group: str) -> str:
@@ -290,7 +297,7 @@ def is_former_master(broker: BrokerInfo, elections: Mapping[str, int]) -> bool:
     return (
         broker.role is Role.MASTER
         and broker.epoch > 0
-        and elections.get(broker.group) != (broker.epoch)
+        and elections.get(broker.group) != broker.epoch
     )
 
 

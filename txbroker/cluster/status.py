@@ -24,6 +24,7 @@ from txbroker.cluster.routes import (
     Role,
     TopicRoute,
     choose_masters,
+    election_group,
     is_former_master,
 )
 
@@ -103,8 +104,7 @@ async def read_status(coordinator: Coordinator) -> ClusterStatus:
     elected: dict[str, tuple[str, str]] = {}
     terms: dict[str, int] = {}  # group -> the current term's epoch
     for kv in elections.items:
-        group, _, leaf = kv.key[len(GROUPS_PREFIX) :].partition("/")
-        if leaf == "master":
+        if (group := election_group(kv.key)) is not None:
             elected[group] = (BrokerInfo.from_json(kv.value).broker_id, f"{kv.lease_id:x}")
             terms[group] = kv.create_revision
     masters = choose_masters((info for info, _ in infos), terms)

@@ -23,6 +23,7 @@ from txbroker.cluster.routes import (
     BrokerInfo,
     TopicRoute,
     choose_masters,
+    election_group,
 )
 from txbroker.errors import CoordinationError, NoRoute
 from txbroker.protocol.messages import GroupRoute, RouteResponse
@@ -52,6 +53,9 @@ class RouteCache:
         self.retry_interval_s = retry_interval_s
         self.routes: dict[str, TopicRoute] = {}
         self.brokers: dict[str, BrokerInfo] = {}  # by key
+        # Group -> its election key's create revision, the current term's epoch: a former
+        # master's lingering registration names no master (routes.is_former_master).
+        self.elections: dict[str, int] = {}
         self.revision = 0  # of the last listing or event applied
         self.ready = asyncio.Event()  # set once the first listing is in
         self.changed = asyncio.Event()  # set on every change applied (tests wait on it)
@@ -75,8 +79,9 @@ class RouteCache:
         listing = await self.coordinator.list_prefix(ROOT)
         self.routes.clear()
         self.brokers.clear()
+        self.elections.clear()
         for kv in listing.items:
-            self._put(kv.key, kv.value)
+            self._put(kv.key, kv.value, kv.create_revision)
         self.revision = listing.revision
         self.listings += 1
         self.ready.set()
@@ -95,12 +100,17 @@ class RouteCache:
                 if event.kind is EventKind.DELETE:
                     self.routes.pop(event.key.removeprefix(TOPICS_PREFIX), None)
                     self.brokers.pop(event.key, None)
+                    if (group := election_group(event.key)) is not None:
+                        self.elections.pop(group, None)
                 else:
-                    self._put(event.key, event.value)
+                    self._put(event.key, event.value, event.create_revision)
                 self.revision = event.mod_revision
                 self.changed.set()
 
-    def _put(self, key: str, value: bytes) -> None:
+    def _put(self, key: str, value: bytes, create_revision: int) -> None:
+        if (group := election_group(key)) is not None:
+            self.elections[group] = create_revision
+            return
         try:
             if key.startswith(TOPICS_PREFIX):
                 route = TopicRoute.from_json(value)
@@ -116,7 +126,7 @@ class RouteCache:
     def route(self, topic: str) -> RouteResponse:
         """``topic``'s route with each group's master; with ``topic`` empty, every group with a
         registered broker (no queues). Raises :class:`NoRoute` for a topic with none."""
-        masters = choose_masters(self.brokers.values())
+        masters = choose_masters(self.brokers.values(), self.elections)
         if not topic:
             groups = sorted({b.group for b in self.brokers.values()})
             return RouteResponse(

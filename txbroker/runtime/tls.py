@@ -41,7 +41,10 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
             ctx.load_verify_locations(cafile=files.client_ca)
             ctx.verify_mode = ssl.CERT_REQUIRED
     except (OSError, ssl.SSLError) as e:
-        raise InvalidArgument(f"cannot load the broker's TLS files: {e}") from e
+        # The broker's and the NameServer's listeners both load theirs here: name the flags.
+        raise InvalidArgument(
+            f"cannot load the listener's TLS files (--tls-cert, --tls-key, --tls-client-ca): {e}"
+        ) from e
     return ctx
 
 
