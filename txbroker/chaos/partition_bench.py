@@ -195,8 +195,8 @@ def _outcome(run: RunFigures) -> str:
     p50, longest = r.unavailable_p50_max()
     return (
         f"{r.writes:,} operations, {r.acknowledged:,} acknowledged, {len(r.lost)} lost, "
-        f"{r.anomalies - len(r.lost)} other anomalies, unavailable p50 {p50:.2f} s max "
-        f"{longest:.2f} s; {run.what}"
+        f"{len(r.vanished)} vanished, {r.anomalies - r.losses} other anomalies, unavailable "
+        f"p50 {p50:.2f} s max {longest:.2f} s; {run.what}"
     )
 
 

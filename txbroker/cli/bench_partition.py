@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +72,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _partition(args: argparse.Namespace) -> int:
+    import asyncio
+    import shutil
+    import signal
+    import tempfile
+    import time
+
     from txbroker.chaos.partition_bench import (
         KINDS,
         MODES,
@@ -114,6 +117,9 @@ def _partition(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="txb-partition-", dir=args.data_dir))
     try:
         results = run(bench_partitions(bench, root, say))
+    except asyncio.CancelledError:  # SIGTERM: the nets and their processes are gone already
+        print("txbroker: partition bench stopped (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
