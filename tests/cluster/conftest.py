@@ -73,3 +73,11 @@ def net() -> Iterator[TestNet]:
     _require_etcd()
     with TestNet() as n:
         yield n
+
+
+@pytest.fixture
+def can_make_nets() -> None:
+    """For a test whose test nets a child process makes (a `txbroker` command): skipped or
+    failed where ``net`` would be."""
+    _require_netns()
+    _require_etcd()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.cluster.conftest import TestNet
-from txbroker.chaos.history import Delivery, History, Outcome, Stored, check
+from txbroker.chaos.history import Delivery, History, Op, Outcome, Stored, check, windows_p50_max
 from txbroker.chaos.nemesis import Nemesis
 from txbroker.chaos.netns import Host
 
@@ -109,6 +109,32 @@ def test_the_checker_reports_each_anomaly() -> None:
     assert r.delivered_twice == ["w0-0"]  # w0-1's second delivery came from a nack
     assert r.vanished == ["w0-2"]
     assert r.anomalies == 6
+    assert r.losses == 2  # w0-2 lost, and the same write vanished from under its reader
+
+
+def test_the_loss_window_and_the_unavailability_come_from_acknowledgement_times() -> None:
+    history = History()
+    history.cut_s = 10.0
+    # (write, outcome, completed at): w3 and w5 acknowledged, then not in the log.
+    ok, unknown = Outcome.OK, Outcome.UNKNOWN
+    times = [(ok, 9.0), (ok, 9.9), (ok, 9.95), (ok, 11.0), (unknown, 12.0), (ok, 14.0)]
+    times += [(ok, 14.1), (ok, 17.1)]
+    for i, (outcome, at) in enumerate(times):
+        history.ops.append(Op(0, f"w{i}", at - 0.01, at, outcome))
+    log = [Stored(f"w{i}", "k0", 0, n) for n, i in enumerate((0, 1, 2, 4, 6, 7))]
+    order = {"k0": [f"w{i}" for i in range(8)]}
+    r = check(history, log, [], order)
+    assert r.lost == ["w3", "w5"]
+    assert r.lost_acked_s == [1.0, 4.0]
+    assert r.loss_window() == (1.0, 4.0)
+    # Gaps over UNAVAILABLE_MIN_S between acknowledgements: 9.0-9.9, 9.95-11.0, 11.0-14.0 (the
+    # unknown attempt in between is no acknowledgement) and 14.1-17.1.
+    assert r.unavailable_s == [0.9, 1.05, 3.0, 3.0]
+    assert r.unavailable_p50_max() == (3.0, 3.0)
+    assert windows_p50_max([0.6, 2.0, 5.0, 1.0]) == (2.0, 5.0)
+    assert windows_p50_max([]) == (0.0, 0.0)
+    history.cut_s = None  # no fault: no loss window, though the losses are reported
+    assert check(history, log, [], order).loss_window() is None
 
 
 def _op(history: History, p: int, w: str, outcome: Outcome):  # type: ignore[no-untyped-def]

@@ -36,7 +36,7 @@ from txbroker.cluster.routes import (
 from txbroker.errors import NoRoute
 from txbroker.nameserver import READY_PREFIX
 from txbroker.runtime.brokerproc import BrokerProcess, terminate
-from txbroker.runtime.etcdproc import EtcdServer, free_port
+from txbroker.runtime.etcdproc import ETCD_BIN, EtcdServer, free_port
 from txbroker_sdk import Client
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "NameServerProcess",
     "Registrations",
     "wait_for_brokers",
+    "etcd_missing",
     "wait_for_registrations",
 ]
 
@@ -53,6 +54,17 @@ START_TIMEOUT_S: Final = 30.0
 ETCD_PORTS: Final = (2379, 2380)  # client, peer
 BROKER_PORTS: Final = (9876, 9877)  # TCP, HTTP
 NAMESERVER_PORT: Final = 9878
+
+
+def etcd_missing() -> str | None:
+    """Why a cluster cannot start here (no etcd binary, no etcd client), or None."""
+    if not ETCD_BIN.exists():
+        return f"no etcd at {ETCD_BIN} (apt-get install etcd-server)"
+    try:
+        import aetcd  # noqa: F401
+    except ImportError:
+        return "no etcd client (pip install 'txbroker[cluster]')"
+    return None
 
 
 class NameServerProcess:

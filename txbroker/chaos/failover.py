@@ -18,13 +18,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
-from txbroker.chaos.cluster import Cluster
+from txbroker.chaos.cluster import Cluster, etcd_missing
 from txbroker.chaos.figures import Figures
 from txbroker.chaos.scenarios import Sizes, Skip, load_round, out_of_time
 from txbroker.chaos.service import GROUP, PLAIN
 from txbroker.chaos.world import BROKER_SETTINGS, SECRET, World, WorldSpec
 from txbroker.errors import TxbError
-from txbroker.runtime.etcdproc import ETCD_BIN
 from txbroker.server.failover import DIVERGENT_DIR
 from txbroker.store import PROP_KEYS
 from txbroker.store.record import decode_properties
@@ -46,19 +45,9 @@ PROBE: Final = "failover-probe"  # the write that proves a new master serves; no
 PROBE_PAUSE_S: Final = 0.05  # between probes of a master not serving yet
 
 
-def _etcd_missing() -> str | None:
-    if not ETCD_BIN.exists():
-        return f"no etcd at {ETCD_BIN} (apt-get install etcd-server)"
-    try:
-        import aetcd  # noqa: F401
-    except ImportError:
-        return "no etcd client (pip install 'txbroker[cluster]')"
-    return None
-
-
 @contextlib.asynccontextmanager
 async def _cluster(root: Path, replication: str) -> AsyncIterator[WorldSpec]:
-    why = _etcd_missing()
+    why = etcd_missing()
     if why is not None:
         raise Skip(why)
     cfg = root / "broker.toml"

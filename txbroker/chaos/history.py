@@ -14,7 +14,10 @@ and what a consumer group read during the run, and reports:
   (a writer sends its key's writes one after another, each acknowledged before the next);
 - **phantoms**: messages in the log no client ever wrote, or whose every attempt was refused;
 - **vanished**: writes a consumer received that the log no longer holds;
-- **unavailable windows**: gaps between acknowledgements longer than ``UNAVAILABLE_MIN_S``.
+- **unavailable windows**: gaps between acknowledgements longer than ``UNAVAILABLE_MIN_S``;
+- **the loss window**: when each lost write was acknowledged, relative to the cut (with async
+  replication a master acknowledges before its slaves have a write: losses are its price,
+  reported there rather than failed).
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ from typing import Final
 from txbroker.errors import InvalidArgument, NotFound, NotMaster, TxbError
 from txbroker_sdk.errors import BrokerUnreachable
 
-__all__ = ["Delivery", "History", "Op", "Outcome", "Report", "Stored", "check"]
+__all__ = [
+    "Delivery",
+    "History",
+    "Op",
+    "Outcome",
+    "Report",
+    "Stored",
+    "check",
+    "windows_p50_max",
+]
 
 # A gap between two acknowledgements longer than this counts as unavailability: writers send
 # one after another with a round trip of about a millisecond here, so a healthy group acknowledges
@@ -85,6 +97,7 @@ class History:
     def __init__(self) -> None:
         self.ops: list[Op] = []
         self._t0 = time.monotonic()
+        self.cut_s: float | None = None  # when the fault began (:meth:`now`): the loss window's 0
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -122,6 +135,9 @@ class Report:
     vanished: list[str] = field(default_factory=list)
     unavailable_s: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    # When each lost write was first acknowledged, seconds after the cut (before it: negative);
+    # empty when nothing was lost or the history has no cut.
+    lost_acked_s: list[float] = field(default_factory=list)
 
     @property
     def anomalies(self) -> int:
@@ -131,10 +147,26 @@ class Report:
             len(x) for x in (self.lost, self.duplicated, self.out_of_order, self.phantoms)
         ) + len(self.vanished)
 
+    @property
+    def losses(self) -> int:
+        """Acknowledged writes lost and writes read that the log no longer holds: what async
+        replication may cost when its master goes (each other anomaly is a fault in any mode)."""
+        return len(self.lost) + len(self.vanished)
+
+    def unavailable_p50_max(self) -> tuple[float, float]:
+        """The median and the longest unavailable window, in seconds (0 when there was none)."""
+        return windows_p50_max(self.unavailable_s)
+
+    def loss_window(self) -> tuple[float, float] | None:
+        """The first and the last acknowledgement of a lost write, seconds after the cut; None
+        when nothing acknowledged was lost."""
+        if not self.lost_acked_s:
+            return None
+        return self.lost_acked_s[0], self.lost_acked_s[-1]
+
     def summary(self) -> str:
-        windows = sorted(self.unavailable_s)
-        longest = f"{windows[-1]:.2f}" if windows else "0"
-        median = f"{windows[len(windows) // 2]:.2f}" if windows else "0"
+        windows = self.unavailable_s
+        median, longest = (f"{s:.2f}" for s in self.unavailable_p50_max())
         return (
             f"{self.writes} writes ({self.attempts} attempts), {self.acknowledged} acknowledged, "
             f"{self.unknown} unknown ({self.unknown_stored} stored), lost {len(self.lost)}, "
@@ -198,4 +230,19 @@ def check(
     r.unavailable_s = [
         round(b - a, 3) for a, b in itertools.pairwise(oks) if b - a > UNAVAILABLE_MIN_S
     ]
+    if history.cut_s is not None:
+        cut_s = history.cut_s
+        r.lost_acked_s = sorted(
+            round(min(o.complete_s for o in by_write[w] if o.outcome is Outcome.OK) - cut_s, 3)
+            for w in r.lost
+        )
     return r
+
+
+def windows_p50_max(windows: Iterable[float]) -> tuple[float, float]:
+    """The median (the upper one of an even count) and the longest of ``windows``; (0, 0) for
+    none."""
+    ordered = sorted(windows)
+    if not ordered:
+        return 0.0, 0.0
+    return ordered[len(ordered) // 2], ordered[-1]

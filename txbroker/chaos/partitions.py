@@ -152,6 +152,7 @@ async def run_partition(
     try:
         await _running(tasks, timing.before_s)
         hosts = await group_hosts(cluster, nemesis)
+        history.cut_s = history.now()
         if kind == FLAP:
             what = f"{hosts.master.name}'s link to etcd flapping"
             async with nemesis.flapping(hosts.master, hosts.etcd):

@@ -1,10 +1,10 @@
 """`txbroker bench BENCH`: figures.
 
 store, produce, e2e, http, tx, service, disk, recovery, tx-recovery, growth, reconcile, cli and
-instructions are registered here; fuzz, peers and failover have their options and tables in
-bench_fuzz.py, bench_peers.py and bench_failover.py. Each prints a summary (medians over
-``--runs``), or one JSON object with ``--json``. Progress goes to stderr: a bar on a terminal, a
-line per finished run in a log, nothing with --json.
+instructions are registered here; fuzz, peers, failover and partition have their options and
+tables in bench_fuzz.py, bench_peers.py, bench_failover.py and bench_partition.py. Each prints a
+summary (medians over ``--runs``), or one JSON object with ``--json``. Progress goes to stderr:
+a bar on a terminal, a line per finished run in a log, nothing with --json.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from txbroker.cli.bench_failover import register_failover
 from txbroker.cli.bench_fuzz import register_fuzz
+from txbroker.cli.bench_partition import register_partition
 from txbroker.cli.bench_peers import register_peers
 from txbroker.cli.common import Subparsers, non_negative, positive, run
 from txbroker.cli.output import RunProgress, note, status
@@ -256,6 +257,8 @@ def register(sub: Subparsers) -> None:
     register_peers(bsub)
 
     register_failover(bsub)
+
+    register_partition(bsub)
 
 
 def _store(args: argparse.Namespace) -> int:
