@@ -9,7 +9,7 @@ cannot be resynchronised after garbage).
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Final
 
 from txbroker.errors import FrameTooLarge, ProtocolError
 from txbroker.protocol.frames import (
@@ -26,13 +26,28 @@ from txbroker.protocol.wrongport import SEEN_BYTES_MAX, http_met
 __all__ = ["Frame", "FrameDecoder", "encode_frame"]
 
 _KINDS: Final = frozenset(int(k) for k in FrameKind)
+_HEADER_BYTES: Final = 12  # HEADER.size, as a constant the compiled loop reads without a lookup
+_LENGTH_BYTES: Final = 4  # LENGTH.size
+assert HEADER.size == _HEADER_BYTES and LENGTH.size == _LENGTH_BYTES
 
 
-class Frame(NamedTuple):
-    kind: int
-    opcode: int
-    corr_id: int
-    body: bytes
+class Frame:
+    """One decoded frame. A plain class, not a NamedTuple: compiled, its construction is a C
+    call where a NamedTuple's runs Python code for each frame."""
+
+    __slots__ = ("body", "corr_id", "kind", "opcode")
+
+    def __init__(self, kind: int, opcode: int, corr_id: int, body: bytes) -> None:
+        self.kind = kind
+        self.opcode = opcode
+        self.corr_id = corr_id
+        self.body = body
+
+    def __repr__(self) -> str:
+        return (
+            f"Frame(kind={self.kind}, opcode={self.opcode}, corr_id={self.corr_id}, "
+            f"body={self.body!r})"
+        )
 
 
 def encode_frame(kind: int, opcode: int, corr_id: int, body: bytes) -> bytes:
@@ -59,34 +74,43 @@ class FrameDecoder:
         connection, which the caller closes)."""
         if self.broken:
             raise ProtocolError("the stream already failed; close the connection")
-        buf = self._buf
-        buf += data
+        # One copy of what arrived (with any partial frame kept from before) as bytes, so
+        # each frame's body is one slice of it: a slice of a bytearray would be copied twice.
+        if self._buf:
+            self._buf += data
+            src = bytes(self._buf)
+        else:
+            src = data if type(data) is bytes else bytes(data)
         frames: list[Frame] = []
         pos = 0
-        n = len(buf)
+        n = len(src)
+        unpack = HEADER.unpack_from  # looked up once per call, not once per frame
         try:
-            while n - pos >= HEADER.size:
-                length, version, kind, opcode, corr = HEADER.unpack_from(buf, pos)
+            while n - pos >= _HEADER_BYTES:
+                length, version, kind, opcode, corr = unpack(src, pos)
                 self._check(length, version, kind, opcode)
-                end = pos + LENGTH.size + length
+                end = pos + _LENGTH_BYTES + length
                 if end > n:
                     break
-                frames.append(Frame(kind, opcode, corr, bytes(buf[pos + HEADER.size : end])))
+                frames.append(Frame(kind, opcode, corr, src[pos + _HEADER_BYTES : end]))
                 pos = end
             if n - pos >= LENGTH.size:
                 # Refuse an oversized length as soon as it is visible, not after buffering it.
-                (length,) = LENGTH.unpack_from(buf, pos)
+                (length,) = LENGTH.unpack_from(src, pos)
                 if length > self._max:
                     raise FrameTooLarge(f"frame length {length} exceeds the {self._max} limit")
         except ProtocolError as e:
             self.broken = True
             # HTTP's letters, read as a length, are over the limit: say it is HTTP instead.
-            http = http_met(buf[pos : pos + SEEN_BYTES_MAX]) if type(e) is FrameTooLarge else None
-            buf.clear()
+            http = http_met(src[pos : pos + SEEN_BYTES_MAX]) if type(e) is FrameTooLarge else None
+            self._buf.clear()
             if http is not None:
                 raise http from None
             raise
-        del buf[:pos]
+        if pos < n:
+            self._buf = bytearray(src[pos:])
+        elif self._buf:
+            self._buf.clear()
         return frames
 
     def _check(self, length: int, version: int, kind: int, opcode: int) -> None:
