@@ -285,8 +285,9 @@ class TxCoordinator:
 
     def _settled(self, round_waiting: list[_Waiting], durable: asyncio.Future[None]) -> None:
         """A group commit ended: settle each transaction that waited on it, in write order."""
-        if self._round is durable:
-            self._round = None  # the list is not appended to again
+        if self._round is durable:  # no more appends to its list; the next write starts one
+            self._round = None
+            self._round_waiting = []
         failure: BaseException | None = (
             StoreFailed("the group commit was cancelled")
             if durable.cancelled()
