@@ -53,6 +53,13 @@ async def test_prepare_then_commit_delivers_once(
     assert again.status_code == 200 and again.json()["state"] == "committed"
     p = problem(await http.post(f"/v1/transactions/{tx['tx_id']}/rollback"), 409)
     assert p["code"] == "TRANSACTION_CONFLICT" and p["state"] == "committed"
+    shown = (await http.get(f"/v1/transactions/{tx['tx_id']}")).json()  # as the broker keeps it
+    assert (shown["state"], shown["resolved_by"], shown["key"]) == (
+        "committed",
+        "producer",
+        "order-7",
+    )
+    assert shown["message_id"] == tx["message_id"] and shown["producer_group"] == GROUP
 
     [m] = await consume_all(api_broker, "tx-commit", "g", 1)
     assert (m.body, m.key, m.message_id) == (b"order 7", "order-7", tx["message_id"])

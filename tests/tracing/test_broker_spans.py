@@ -100,8 +100,13 @@ def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
 
-async def _answer(answer: Any) -> Any:
-    return await answer if isinstance(answer, asyncio.Future) else answer
+async def _answer(got: Any) -> Any:
+    """A direct handler's answer once its group commit is durable (the span's callback on the
+    group commit was registered before this waiter's, so it has run)."""
+    answer, durable = got
+    if durable is not None:
+        await asyncio.wait_for(asyncio.shield(durable), 10)
+    return answer
 
 
 async def test_prepare_and_commit_spans_are_children_of_the_producers_span(
@@ -111,9 +116,9 @@ async def test_prepare_and_commit_spans_are_children_of_the_producers_span(
     tp, producer = _producer_span()
     req = TxPrepareRequest("orders", b"o-1", GROUP, URL, tx_id="tx-1", traceparent=tp)
     prepared = direct[Opcode.TX_PREPARE](req)
-    assert isinstance(prepared, asyncio.Future)  # sync flush: the group commit answers
+    assert isinstance(prepared[1], asyncio.Future)  # sync flush: the group commit answers
     assert _named(exporter, "prepare orders") == []  # open until the answer is durable
-    answer = await prepared
+    answer = await _answer(prepared)
     (prepare,) = _named(exporter, "prepare orders")
     assert prepare.kind == SpanKind.SERVER
     assert prepare.parent is not None and prepare.parent.span_id == producer

@@ -10,6 +10,7 @@ END_TX arriving while its PREPARE's group commit is still running.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from txbroker.protocol.messages import TxEndResponse, TxPrepareRequest
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.store.config import FlushMode
+from txbroker.tx import coordinator as coordinator_module
 from txbroker.tx.coordinator import TxCoordinator
-from txbroker.tx.state import Decision, Resolver, TxState
+from txbroker.tx.state import CheckRecord, Decision, Resolver, TxState
 
 GROUP = "orders-svc"
 URL = "http://127.0.0.1:9/txb/check"  # never called: every transaction here ends in time
@@ -59,26 +61,32 @@ def _prepare(tx_id: str | None = None) -> TxPrepareRequest:
     return TxPrepareRequest("orders", b"order-1", GROUP, URL, tx_id=tx_id, key="o1")
 
 
-async def test_an_abandoned_answer_does_not_undo_the_prepare_or_the_commit(
+async def test_the_outcome_hangs_on_the_group_commit_not_on_the_answer(
     coordinator: TxCoordinator,
 ) -> None:
-    prepared = coordinator.prepare_nowait(_prepare())
-    assert isinstance(prepared, asyncio.Future)  # sync flush: answered by the group commit
-    tx_id = next(iter(coordinator.open))
-    prepared.cancel()  # the client went away while its PREPARE was being synced
-    await _synced(coordinator)  # the group commit still runs
-    assert coordinator.counters["prepared"] == 1
+    # An idle store starts a group commit for the first append; the next two share the next
+    # one (one future, as sends do). Nobody waits for the answers here: what a client that
+    # went away leaves behind.
+    prepared = [coordinator.prepare_nowait(_prepare()) for _ in range(3)]
+    assert all(p is not None and isinstance(p[1], asyncio.Future) for p in prepared)
+    assert prepared[1] is not None and prepared[2] is not None
+    assert prepared[2][1] is prepared[1][1]
+    tx_id = prepared[1][0].tx_id
+    await _synced(coordinator)
+    assert coordinator.counters["prepared"] == 3
     assert coordinator.get(tx_id).state is TxState.PREPARED  # open, and so back-checked
+    assert coordinator.get(tx_id).pending is None
 
     ended = coordinator.end_nowait(tx_id, Decision.COMMIT, Resolver.PRODUCER)
-    assert isinstance(ended, asyncio.Future)
-    ended.cancel()
+    assert ended is not None and isinstance(ended[1], asyncio.Future)
+    assert ended[0].state == "committed" and not ended[0].duplicate
     await _synced(coordinator)
     assert coordinator.counters["committed"] == 1
     assert coordinator._store.queue_range("orders", 0) == (0, 1)  # the visible copy
     # The same decision again is answered at once; the other one is refused.
     again = coordinator.end_nowait(tx_id, Decision.COMMIT, Resolver.PRODUCER)
-    assert isinstance(again, TxEndResponse) and again.duplicate
+    assert again is not None and again[1] is None
+    assert again[0] == TxEndResponse(tx_id, "committed", "producer", duplicate=True)
     with pytest.raises(TransactionConflict):
         coordinator.end_nowait(tx_id, Decision.ROLLBACK, Resolver.PRODUCER)
 
@@ -87,7 +95,7 @@ async def test_what_must_wait_or_read_is_left_to_the_async_path(
     coordinator: TxCoordinator,
 ) -> None:
     prepared = coordinator.prepare_nowait(_prepare("tx-1"))
-    assert isinstance(prepared, asyncio.Future)
+    assert prepared is not None and isinstance(prepared[1], asyncio.Future)
     # While the PREPARE is being synced, END_TX and a retried PREPARE must wait for it.
     assert coordinator.end_nowait("tx-1", Decision.COMMIT, Resolver.PRODUCER) is None
     assert coordinator.prepare_nowait(_prepare("tx-1")) is None
@@ -100,7 +108,7 @@ async def test_what_must_wait_or_read_is_left_to_the_async_path(
     )
     assert committed.state == "committed" and not committed.duplicate
     assert retried.tx_id == "tx-1"
-    assert (await prepared).message_id == retried.message_id
+    assert prepared[0].message_id == retried.message_id
     # An id the broker does not hold in memory: only the async path reads the index.
     assert coordinator.end_nowait("tx-unknown", Decision.COMMIT, Resolver.PRODUCER) is None
     # An ended id is left to the async path, which refuses it; nothing new is written for it.
@@ -108,3 +116,68 @@ async def test_what_must_wait_or_read_is_left_to_the_async_path(
     with pytest.raises(TransactionConflict):
         await coordinator.prepare(_prepare("tx-1"))
     assert coordinator._store.queue_range("orders", 0) == (0, 1)
+
+
+async def test_an_ended_transaction_is_kept_as_an_untracked_record(
+    coordinator: TxCoordinator,
+) -> None:
+    """What the broker keeps of its recently ended transactions answers everything a Tx did
+    (repeated decisions, the listings, the console's copy of it), and the garbage collector
+    stops walking it."""
+    committed = await coordinator.prepare(_prepare("tx-c"))
+    coordinator.get("tx-c").record_check(CheckRecord(1_000, "unknown", "not yet", 0.25))
+    await coordinator.prepare(_prepare("tx-r"))
+    await coordinator.end("tx-c", Decision.COMMIT, Resolver.PRODUCER)
+    await coordinator.end("tx-r", Decision.ROLLBACK, Resolver.OPERATOR, "by hand")
+
+    # A collection untracks a tuple of untracked values; one that holds tuples (the check
+    # history) may need a second, which sees them untracked.
+    gc.collect()
+    gc.collect()
+    for tx_id in ("tx-c", "tx-r"):
+        assert not gc.is_tracked(coordinator._recent[tx_id])
+    tx = coordinator.get("tx-c")
+    assert (tx.state, tx.resolved_by, tx.topic, tx.key) == (
+        TxState.COMMITTED,
+        "producer",
+        "orders",
+        "o1",
+    )
+    assert tx.message_id == committed.message_id and tx.ended and tx.resolved_ms > 0
+    assert tx.history is not None
+    assert list(tx.history) == [CheckRecord(1_000, "unknown", "not yet", 0.25)]
+    info = coordinator.info(coordinator.get("tx-r"))
+    assert (info.state, info.resolved_by, info.last_reason) == (
+        "rolled_back",
+        "operator",
+        "by hand",
+    )
+
+    assert [t.tx_id for t in coordinator.ended(10)] == ["tx-r", "tx-c"]  # newest first
+    assert [t.tx_id for t in coordinator.ended(10, state=TxState.COMMITTED)] == ["tx-c"]
+    assert [t.tx_id for t in coordinator.ended(10, by=Resolver.OPERATOR)] == ["tx-r"]
+    assert [t.tx_id for t in coordinator.ended(1, key="o1")] == ["tx-r"]
+    assert coordinator.ended(10, state=TxState.PREPARED) == []
+    assert coordinator.ended(10, topic="other") == []
+
+    again = await coordinator.end("tx-c", Decision.COMMIT, Resolver.PRODUCER)
+    assert again == TxEndResponse("tx-c", "committed", "producer", duplicate=True)
+    with pytest.raises(TransactionConflict, match="rolled_back"):
+        await coordinator.end("tx-r", Decision.COMMIT, Resolver.PRODUCER)
+    with pytest.raises(TransactionConflict, match="committed"):
+        await coordinator.prepare(_prepare("tx-c"))
+
+
+async def test_a_transaction_no_longer_kept_is_answered_from_its_decision_record(
+    coordinator: TxCoordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coordinator_module, "RECENT_MAX", 1)
+    for tx_id in ("tx-1", "tx-2"):
+        await coordinator.prepare(_prepare(tx_id))
+        await coordinator.end(tx_id, Decision.ROLLBACK, Resolver.OPERATOR, "by hand")
+    assert coordinator.find("tx-1") is None  # only tx-2 is kept
+    assert coordinator.end_nowait("tx-1", Decision.ROLLBACK, Resolver.PRODUCER) is None
+    again = await coordinator.end("tx-1", Decision.ROLLBACK, Resolver.PRODUCER)
+    assert again == TxEndResponse("tx-1", "rolled_back", "operator", duplicate=True)
+    with pytest.raises(TransactionConflict):
+        await coordinator.end("tx-1", Decision.COMMIT, Resolver.PRODUCER)

@@ -109,19 +109,30 @@ async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
     them); the failure is logged."""
     done = 0
     waits: list[asyncio.Future[TxEndResponse]] = []
+    durables: list[asyncio.Future[None]] = []  # group commits, shared: waited for, not gathered
     why = _REASON
     for tx in coord.list(None, topic):
         try:
-            answer = coord.end_nowait(tx.tx_id, Decision.ROLLBACK, Resolver.OPERATOR, why)
+            got = coord.end_nowait(tx.tx_id, Decision.ROLLBACK, Resolver.OPERATOR, why)
         except TxbError:
             continue  # ended meanwhile (a commit that won): nothing to roll back
-        if answer is None:  # being written, or its half not in memory: the slow path waits
+        if got is None:  # being written, or its half not in memory: the slow path waits
             coro = coord.end(tx.tx_id, Decision.ROLLBACK, Resolver.OPERATOR, why)
             waits.append(asyncio.ensure_future(coro))
-        elif isinstance(answer, asyncio.Future):
-            waits.append(answer)
+        elif got[1] is not None:
+            durables.append(got[1])
         else:
             done += 1
+    if durables:
+        await asyncio.wait(set(durables))
+    for d in durables:
+        failure = StoreFailed("the group commit was cancelled") if d.cancelled() else d.exception()
+        if failure is None:
+            done += 1
+        else:
+            log.error(
+                "topic %s deleted, but rolling back its transaction failed: %s", topic, failure
+            )
     for r in await asyncio.gather(*waits, return_exceptions=True):
         if isinstance(r, StoreFailed):
             log.error("topic %s deleted, but rolling back its transaction failed: %s", topic, r)

@@ -135,8 +135,8 @@ def build_handlers(
     def leave(req: LeaveRequest) -> Deferred:
         return later(_empty(consumer.leave(req)))
 
-    # PREPARE and END_TX answer at once when they can (``*_nowait``: the answer, or a future
-    # the group commit resolves) and only as a task when they must wait or read first.
+    # PREPARE and END_TX answer at once when they can (``*_nowait``: the answer, and the group
+    # commit it waits for) and only as a task when they must wait or read first.
     def end_nowait(req: TxEndRequest) -> Any:
         return tx.end_nowait(req.tx_id, _decision(req), Resolver.PRODUCER)
 
@@ -166,12 +166,12 @@ def build_handlers(
     resolve_slow = slow[Opcode.TX_RESOLVE]
 
     def tx_prepare(req: TxPrepareRequest) -> Any:
-        answer = prepare_now(req)
-        return later(prepare_slow(req)) if answer is None else _settled(answer)
+        got = prepare_now(req)
+        return later(prepare_slow(req)) if got is None else _held(got)
 
     def tx_end(req: TxEndRequest) -> Any:
-        answer = end_now(req)
-        return later(end_slow(req)) if answer is None else _settled(answer)
+        got = end_now(req)
+        return later(end_slow(req)) if got is None else _held(got)
 
     def tx_resolve(req: TxResolveRequest) -> Deferred:
         return later(resolve_slow(req))
@@ -211,9 +211,11 @@ def build_handlers(
     return handlers
 
 
-def _settled(answer: Any) -> Any:
-    """The coordinator's answer (the body, or a future of it) as a handler's."""
-    return Deferred(answer) if isinstance(answer, asyncio.Future) else answer
+def _held(got: tuple[Any, asyncio.Future[None] | None]) -> Any:
+    """The coordinator's answer as a handler's: held until its group commit is durable, as a
+    send's receipt is (one callback per group commit and connection, not a future each)."""
+    answer, durable = got
+    return answer if durable is None else Deferred(durable, answer, shared=True)
 
 
 async def _empty(done: Awaitable[object]) -> Empty:

@@ -11,13 +11,14 @@ Around this module: ``policy`` (what a PREPARE must name), ``checker`` (back-che
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, TypeAlias
 
 from txbroker.errors import (
     InvalidArgument,
@@ -50,6 +51,9 @@ from txbroker.tx.policy import PreparePolicy
 from txbroker.tx.ports import Publishing
 from txbroker.tx.recovery import STATE_FILE, encode_state, recover_open
 from txbroker.tx.state import (
+    ENDED_KEY,
+    ENDED_RESOLVED_BY,
+    ENDED_TOPIC,
     HALF_ONLY,
     HALF_TOPIC,
     OP_TOPIC,
@@ -67,14 +71,18 @@ from txbroker.tx.state import (
     PROP_TRACEPARENT,
     PROP_TX,
     Decision,
+    EndedRecord,
     Resolver,
     Tx,
     TxState,
+    ended_record,
+    ended_state,
+    from_ended,
     transition,
     transition_back,
 )
 
-__all__ = ["OpenCounts", "TxCoordinator", "TxSettings"]
+__all__ = ["Ended", "OpenCounts", "Prepared", "TxCoordinator", "TxSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +91,14 @@ LISTED: Final = ("prepared", "parked", "stalled")
 # This many ended transactions stay in memory for cheap duplicate END_TX answers; older ones
 # are answered from their decision records (txend:<tx>) through the index.
 RECENT_MAX: Final = 100_000
-_A = TypeVar("_A", TxPrepareResponse, TxEndResponse)
+# What a PREPARE or END_TX written at once answers: the body, and the group commit it must wait
+# for before it is sent (None: at once, in async flush mode). The answer is shared with every
+# append of that group commit, as a SEND's is: whoever waits on it must not cancel it.
+Prepared: TypeAlias = tuple[TxPrepareResponse, "asyncio.Future[None] | None"]
+Ended: TypeAlias = tuple[TxEndResponse, "asyncio.Future[None] | None"]
+# A transaction whose write waits for a group commit: the state to go back to if the commit
+# fails (None for a PREPARE), and the (topic, queue) a commit makes visible.
+_Waiting: TypeAlias = tuple[Tx, "TxState | None", "tuple[str, int] | None"]
 # Plain ints: IntFlag arithmetic runs in Python and showed up on the append path.
 _TX_HALF: Final = int(RecordFlag.TX_HALF)
 _TX_OP: Final = int(RecordFlag.TX_OP)
@@ -130,7 +145,11 @@ class TxCoordinator:
         self.settings = settings
         self._on_visible = on_visible
         self.open: dict[str, Tx] = {}  # prepared and parked
-        self._recent: OrderedDict[str, Tx] = OrderedDict()  # ended, newest last
+        self._recent: OrderedDict[str, EndedRecord] = OrderedDict()  # ended, newest last
+        # The group commit the last write waits for, and the transactions waiting on it: one
+        # callback per group commit settles them all.
+        self._round: asyncio.Future[None] | None = None
+        self._round_waiting: list[_Waiting] = []
         self.on_prepared: Callable[[Tx], None] = lambda tx: None
         # Since the data directory was created: kept in tx.json, so a restart goes on counting.
         self.counters: dict[str, int] = {"prepared": 0, "committed": 0, "rolled_back": 0}
@@ -147,12 +166,10 @@ class TxCoordinator:
 
     # --- prepare ---
 
-    def prepare_nowait(
-        self, req: TxPrepareRequest
-    ) -> TxPrepareResponse | asyncio.Future[TxPrepareResponse] | None:
-        """PREPARE without a task: the answer (async flush) or a future of it (sync flush,
-        resolved by the group commit). None when only :meth:`prepare` can answer, because it
-        must wait or read: a retried PREPARE, or an id the index may hold as already ended."""
+    def prepare_nowait(self, req: TxPrepareRequest) -> Prepared | None:
+        """PREPARE without a task: the answer and the group commit it waits for (see
+        ``Prepared``). None when only :meth:`prepare` can answer, because it must wait or
+        read: a retried PREPARE, or an id the index may hold as already ended."""
         tx_id, timeout = self._check_prepare(req)
         if (
             tx_id in self.open
@@ -164,21 +181,24 @@ class TxCoordinator:
 
     async def prepare(self, req: TxPrepareRequest) -> TxPrepareResponse:
         tx_id, timeout = self._check_prepare(req)
-        existing = self.open.get(tx_id) or self._recent.get(tx_id)
+        existing = self.open.get(tx_id)
         if existing is not None:
             if existing.state is TxState.PREPARED and existing.topic == req.topic:
                 if existing.pending is not None:
                     await asyncio.shield(existing.pending)  # the first PREPARE's group commit
                 return TxPrepareResponse(tx_id, existing.message_id)  # a retried PREPARE
             raise TransactionConflict(f"transaction {tx_id} exists and is {existing.state.value}")
+        ended = self._recent.get(tx_id)
+        if ended is not None:
+            state = ended_state(ended).value
+            raise TransactionConflict(f"transaction {tx_id} exists and is {state}")
         if await self._store.lookup(KeyKind.INTERNAL, f"txend:{tx_id}", limit=1):
             raise TransactionConflict(f"transaction {tx_id} has already ended")
-        answer = self._write_half(req, tx_id, timeout)
-        return answer if isinstance(answer, TxPrepareResponse) else await answer
+        answer, durable = self._write_half(req, tx_id, timeout)
+        await _durable(durable)
+        return answer
 
-    def _write_half(
-        self, req: TxPrepareRequest, tx_id: str, timeout: int
-    ) -> TxPrepareResponse | asyncio.Future[TxPrepareResponse]:
+    def _write_half(self, req: TxPrepareRequest, tx_id: str, timeout: int) -> Prepared:
         """Append the half record of a new transaction and open it; the answer, once durable."""
         if len(self.open) >= self.settings.max_open:
             raise TooManyTransactions(
@@ -236,69 +256,88 @@ class TxCoordinator:
         # snapshot taken meanwhile must not skip past this half record.
         self.open[tx_id] = tx
         self.snapshot.mark()
-        return self._once_durable(tx, TxPrepareResponse(tx_id, mid), self._prepared, self._forget)
+        return TxPrepareResponse(tx_id, mid), self._once_durable((tx, None, None))
 
     def _prepared(self, tx: Tx) -> None:
         self.counters["prepared"] += 1
         self.snapshot.mark()  # the counter
         self.on_prepared(tx)
 
-    def _once_durable(
-        self,
-        tx: Tx,
-        answer: _A,
-        on_durable: Callable[[Tx], None],
-        on_lost: Callable[[Tx], None],
-    ) -> _A | asyncio.Future[_A]:
-        """``answer`` once what was just appended for ``tx`` is durable: at once in async flush
-        mode, else a future the group commit resolves. The bookkeeping (``on_durable``, or
-        ``on_lost`` if the store failed) hangs on the group commit itself, never on whoever
-        waits for the answer: a client that disconnects cancels its answer, not the outcome.
-        The group commit's future is shared with every append until it starts (whoever waits
-        on ``tx.pending`` shields it or uses ``asyncio.wait``, so none cancels it)."""
+    def _once_durable(self, waiting: _Waiting) -> asyncio.Future[None] | None:
+        """The group commit that makes what was just appended for ``waiting``'s transaction
+        durable (None in async flush mode: written is as good as it gets, and the bookkeeping
+        is done now). The bookkeeping (:meth:`_settle`) hangs on the group commit itself, never
+        on whoever waits for the answer: a client that disconnects drops its answer, not the
+        outcome. The future is shared with every append until its group commit starts (whoever
+        waits on it, ``tx.pending`` too, shields it or uses ``asyncio.wait``, so none cancels
+        it)."""
         durable = self._store.durable_together()
-        if durable is None:  # async flush: written is as good as it gets
-            on_durable(tx)
-            return answer
-        out: asyncio.Future[_A] = durable.get_loop().create_future()
+        if durable is None:
+            self._settle(waiting, None)
+            return None
+        if durable is not self._round:
+            self._round = durable
+            self._round_waiting = []
+            durable.add_done_callback(functools.partial(self._settled, self._round_waiting))
+        self._round_waiting.append(waiting)
+        waiting[0].pending = durable  # what a concurrent request for the same tx waits for
+        return durable
 
-        def settled(f: asyncio.Future[None]) -> None:
-            tx.pending = None
-            failure: BaseException | None = (
-                StoreFailed("the group commit was cancelled") if f.cancelled() else f.exception()
-            )
-            if failure is not None:
-                on_lost(tx)  # nothing is known durable
-                if not out.done():
-                    out.set_exception(failure)
-                return
-            on_durable(tx)
-            if not out.done():
-                out.set_result(answer)
+    def _settled(self, round_waiting: list[_Waiting], durable: asyncio.Future[None]) -> None:
+        """A group commit ended: settle each transaction that waited on it, in write order."""
+        if self._round is durable:  # no more appends to its list; the next write starts one
+            self._round = None
+            self._round_waiting = []
+        failure: BaseException | None = (
+            StoreFailed("the group commit was cancelled")
+            if durable.cancelled()
+            else durable.exception()
+        )
+        for waiting in round_waiting:
+            waiting[0].pending = None
+            try:
+                self._settle(waiting, failure)
+            except Exception:  # a bug: the others still settle
+                log.exception("settling transaction %s failed", waiting[0].tx_id)
 
-        tx.pending = durable  # what a concurrent request for the same transaction waits for
-        durable.add_done_callback(settled)
-        return out
+    def _settle(self, waiting: _Waiting, failure: BaseException | None) -> None:
+        """The bookkeeping once a write is durable, or once the store failed (``failure``:
+        nothing is known durable)."""
+        tx, before, visible = waiting
+        if before is None:  # a PREPARE
+            if failure is None:
+                self._prepared(tx)
+            else:
+                self._forget(tx)
+        elif failure is None:
+            self._finish(tx)
+            if visible is not None:
+                self._on_visible(*visible)
+        else:
+            transition_back(tx, before)
 
     # --- resolution ---
 
     def end_nowait(
         self, tx_id: str, decision: Decision, by: Resolver, reason: str = ""
-    ) -> TxEndResponse | asyncio.Future[TxEndResponse] | None:
-        """:meth:`end` without a task: the answer (async flush, or a repeated decision) or a
-        future of it (sync flush). None when only :meth:`end` can answer, because it must wait
-        or read: the transaction is not in memory, is being written, or its body is not cached.
-        """
-        tx = self.open.get(tx_id) or self._recent.get(tx_id)
-        if tx is None or tx.pending is not None:
-            return None
-        if tx.ended:
-            if tx.state is decision.state:
-                return TxEndResponse(tx_id, tx.state.value, tx.resolved_by, duplicate=True)
+    ) -> Ended | None:
+        """:meth:`end` without a task: the answer and the group commit it waits for (see
+        ``Ended``; none for a repeated decision). None when only :meth:`end` can answer, because
+        it must wait or read: the transaction is not in memory, is being written, or its body
+        is not cached."""
+        tx = self.open.get(tx_id)
+        if tx is None:
+            ended = self._recent.get(tx_id)
+            if ended is None:
+                return None
+            state, resolved_by = ended_state(ended), ended[ENDED_RESOLVED_BY]
+            if state is decision.state:
+                return TxEndResponse(tx_id, state.value, resolved_by, duplicate=True), None
             raise TransactionConflict(
-                f"transaction {tx_id} is {tx.state.value} (by {tx.resolved_by}); "
-                f"{decision.value} refused"
+                f"transaction {tx_id} is {state.value} (by {resolved_by}); {decision.value} refused"
             )
+        if tx.pending is not None:
+            return None
         if decision is Decision.COMMIT and tx.half is None:
             return None
         before = tx.state
@@ -311,10 +350,12 @@ class TxCoordinator:
         self, tx_id: str, decision: Decision, by: Resolver, reason: str = ""
     ) -> TxEndResponse:
         """Commit or roll back, fenced: same decision again is a no-op, another is refused."""
-        answer = self.end_nowait(tx_id, decision, by, reason)
-        if answer is not None:
-            return answer if isinstance(answer, TxEndResponse) else await answer
-        tx = self.open.get(tx_id) or self._recent.get(tx_id)
+        got = self.end_nowait(tx_id, decision, by, reason)
+        if got is not None:
+            answer, durable = got
+            await _durable(durable)
+            return answer
+        tx = self.open.get(tx_id)  # end_nowait answers a recently ended one
         if tx is None:
             return await self._end_unknown(tx_id, decision)
         if tx.pending is not None:
@@ -341,24 +382,15 @@ class TxCoordinator:
 
     def _resolve(
         self, tx: Tx, decision: Decision, by: Resolver, reason: str, before: TxState
-    ) -> TxEndResponse | asyncio.Future[TxEndResponse]:
+    ) -> Ended:
         """Append the decision record now (synchronously); answer once it is durable."""
         try:
             target = self._append_decision_now(tx, decision, by, reason)
         except BaseException:
             transition_back(tx, before)  # validation failed before anything was written
             raise
-
-        def resolved(tx: Tx) -> None:
-            self._finish(tx)
-            if target is not None:
-                self._on_visible(*target)
-
-        def lost(tx: Tx) -> None:
-            transition_back(tx, before)  # the store failed: nothing is known durable
-
         answer = TxEndResponse(tx.tx_id, tx.state.value, tx.resolved_by)
-        return self._once_durable(tx, answer, resolved, lost)
+        return answer, self._once_durable((tx, before, target))
 
     def _append_decision_now(
         self, tx: Tx, decision: Decision, by: Resolver, why: str
@@ -399,7 +431,7 @@ class TxCoordinator:
         self.snapshot.mark()
 
     def _remember(self, tx: Tx) -> None:
-        self._recent[tx.tx_id] = tx
+        self._recent[tx.tx_id] = ended_record(tx)
         while len(self._recent) > RECENT_MAX:
             self._recent.popitem(last=False)
 
@@ -446,11 +478,16 @@ class TxCoordinator:
         return tx.stalled(now, self.settings.stall_after_ms)
 
     def find(self, tx_id: str) -> Tx | None:
-        """An open or recently ended transaction; None if not in memory."""
-        return self.open.get(tx_id) or self._recent.get(tx_id)
+        """An open or recently ended transaction (an ended one as a copy, which changes no
+        more); None if not in memory."""
+        tx = self.open.get(tx_id)
+        if tx is not None:
+            return tx
+        ended = self._recent.get(tx_id)
+        return from_ended(tx_id, ended) if ended is not None else None
 
     def get(self, tx_id: str) -> Tx:
-        tx = self.open.get(tx_id) or self._recent.get(tx_id)
+        tx = self.find(tx_id)
         if tx is None:
             raise TransactionNotFound(f"no open or recent transaction {tx_id!r}")
         return tx
@@ -468,14 +505,16 @@ class TxCoordinator:
         RECENT_MAX committed or rolled back since the broker started (memory only: older ones
         are found in the log by their id, ``txend:<tx>``)."""
         out: list[Tx] = []
-        for tx in reversed(self._recent.values()):
+        if state is not None and state not in (TxState.COMMITTED, TxState.ROLLED_BACK):
+            return out
+        for tx_id, rec in reversed(self._recent.items()):
             if (
-                (state is None or tx.state is state)
-                and (topic is None or tx.topic == topic)
-                and (by is None or tx.resolved_by == by.value)
-                and (key is None or tx.key == key)
+                (state is None or ended_state(rec) is state)
+                and (topic is None or rec[ENDED_TOPIC] == topic)
+                and (by is None or rec[ENDED_RESOLVED_BY] == by.value)
+                and (key is None or rec[ENDED_KEY] == key)
             ):
-                out.append(tx)
+                out.append(from_ended(tx_id, rec))
                 if len(out) >= limit:
                     break
         return out
@@ -552,3 +591,16 @@ class TxCoordinator:
             "transactions: %d open after recovery (%d half and %d op records read in %.2f s)",
             *(len(self.open), got.halves_read, got.ops_read, got.seconds),
         )
+
+
+async def _durable(durable: asyncio.Future[None] | None) -> None:
+    """Until ``durable`` (a shared group commit, see ``Prepared``) has resolved, without
+    cancelling it if the caller is cancelled; a cancelled group commit is a store failure."""
+    if durable is None:
+        return
+    try:
+        await asyncio.shield(durable)
+    except asyncio.CancelledError:
+        if durable.cancelled():
+            raise StoreFailed("the group commit was cancelled") from None
+        raise

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
-from txbroker.errors import TxbError
+from txbroker.errors import StoreFailed, TxbError
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     TxEndRequest,
@@ -184,9 +184,9 @@ def _async(
 
 
 def _direct(fn: Callable[[Any], Any], start: Start, done: Done) -> Callable[[Any], Any]:
-    """A direct handler answers now, with a future, or with None ("the task handler answers"):
-    the span starts when the request came and ends with its answer, and a None makes no span
-    (the task handler makes it)."""
+    """A direct handler answers with the answer and the group commit it waits for (None: at
+    once), or with None ("the task handler answers"): the span starts when the request came
+    and ends with its answer, and a None makes no span (the task handler makes it)."""
 
     @functools.wraps(fn)
     def run(req: Any) -> Any:
@@ -201,22 +201,24 @@ def _direct(fn: Callable[[Any], Any], start: Start, done: Done) -> Callable[[Any
         if answer is None:
             return None
         span = start(req, start_ns)
-        if isinstance(answer, asyncio.Future):
-            answer.add_done_callback(functools.partial(_settled, span, done))
+        body, durable = answer
+        if durable is not None:
+            durable.add_done_callback(functools.partial(_settled, span, done, body))
         else:
-            done(span, answer)
+            done(span, body)
             span.end()
         return answer
 
     return run
 
 
-def _settled(span: Span, done: Done, answer: asyncio.Future[Any]) -> None:
-    if not answer.cancelled():
-        if (e := answer.exception()) is not None:
-            _fail(span, e)
-        else:
-            done(span, answer.result())
+def _settled(span: Span, done: Done, body: Any, durable: asyncio.Future[None]) -> None:
+    if durable.cancelled():
+        _fail(span, StoreFailed("the group commit was cancelled"))
+    elif (e := durable.exception()) is not None:
+        _fail(span, e)
+    else:
+        done(span, body)
     span.end()
 
 

@@ -19,7 +19,7 @@ import asyncio
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from txbroker.errors import TransactionConflict
 from txbroker.store import record as store_record
@@ -29,11 +29,19 @@ __all__ = [
     "HALF_TOPIC",
     "OP_TOPIC",
     "SINCE_UNKNOWN",
+    "ENDED_COMMITTED",
+    "ENDED_KEY",
+    "ENDED_RESOLVED_BY",
+    "ENDED_TOPIC",
     "CheckRecord",
     "Decision",
+    "EndedRecord",
     "Resolver",
     "Tx",
     "TxState",
+    "ended_record",
+    "ended_state",
+    "from_ended",
     "transition",
     "transition_back",
 ]
@@ -170,8 +178,8 @@ class Tx:
     # While a PREPARE or a resolution is being written: what a concurrent request waits for.
     pending: asyncio.Future[Any] | None = field(default=None, repr=False)
     # The back-checks since the broker started, made at the first one (``record_check``): most
-    # transactions never have one, and the broker keeps up to RECENT_MAX ended ones, each an
-    # object the garbage collector walks (a deque each would double them).
+    # transactions never have one, and up to 1M may be open, each an object the garbage
+    # collector walks (a deque each would double them).
     history: deque[CheckRecord] | None = field(default=None, repr=False)
 
     def record_check(self, record: CheckRecord) -> None:
@@ -202,6 +210,142 @@ class Tx:
         """PREPARED, and its checks have reached no one for ``after_ms`` or longer."""
         since = self.unreachable_since_ms
         return self.state is TxState.PREPARED and 0 < since <= now_ms - after_ms
+
+
+# An ended transaction as the coordinator keeps it among the recently ended (up to 100,000): one
+# tuple of strings, ints, bools and None, with no reference to the half body, a future or the
+# history's deque. CPython stops tracking such a tuple at its first young collection, so the
+# collector never walks it again; a Tx object each stayed tracked and every full collection
+# walked them all (docs/benchmarks.md, "Performance round"). The fields are Tx's, in its order,
+# without tx_id (the key it is kept under), half and pending; the state is a bool (an enum
+# member would keep the tuple tracked), and the history is CheckRecord's fields one after the
+# other in one flat tuple (a collection untracks a tuple whose tuples it has untracked before:
+# one more level would take one more collection).
+EndedRecord: TypeAlias = tuple[
+    str,  # topic
+    int,  # queue_id
+    str,  # producer_group
+    str,  # check_url
+    str,  # message_id
+    str | None,  # key
+    str | None,  # traceparent
+    int,  # timeout_ms
+    int,  # created_ms
+    int,  # half_phys
+    int,  # half_offset
+    int,  # op_mark
+    bool,  # committed (else rolled back)
+    int,  # checks
+    int,  # attempts
+    int,  # next_check_ms
+    int,  # unreachable_since_ms
+    str,  # last_reason
+    str,  # resolved_by
+    int,  # resolved_ms
+    int | None,  # deliver_at_ms
+    tuple[int | str | float, ...],  # history: at_ms, outcome, reason, seconds, at_ms, ...
+]
+# The fields read without rebuilding the Tx: a repeated END_TX's answer, the listing's filters.
+ENDED_TOPIC: Final = 0
+ENDED_KEY: Final = 5
+ENDED_COMMITTED: Final = 12
+ENDED_RESOLVED_BY: Final = 18
+
+
+def ended_record(tx: Tx) -> EndedRecord:
+    """``tx``, which has ended, as the coordinator keeps it (see EndedRecord)."""
+    assert tx.ended
+    history = tuple(v for r in tx.history or () for v in (r.at_ms, r.outcome, r.reason, r.seconds))
+    return (
+        tx.topic,
+        tx.queue_id,
+        tx.producer_group,
+        tx.check_url,
+        tx.message_id,
+        tx.key,
+        tx.traceparent,
+        tx.timeout_ms,
+        tx.created_ms,
+        tx.half_phys,
+        tx.half_offset,
+        tx.op_mark,
+        tx.state is TxState.COMMITTED,
+        tx.checks,
+        tx.attempts,
+        tx.next_check_ms,
+        tx.unreachable_since_ms,
+        tx.last_reason,
+        tx.resolved_by,
+        tx.resolved_ms,
+        tx.deliver_at_ms,
+        history,
+    )
+
+
+def ended_state(rec: EndedRecord) -> TxState:
+    return TxState.COMMITTED if rec[ENDED_COMMITTED] else TxState.ROLLED_BACK
+
+
+def from_ended(tx_id: str, rec: EndedRecord) -> Tx:
+    """The Tx that ``rec`` keeps: a copy, as it was when it ended (it changes no more)."""
+    (
+        topic,
+        queue_id,
+        producer_group,
+        check_url,
+        message_id,
+        key,
+        traceparent,
+        timeout_ms,
+        created_ms,
+        half_phys,
+        half_offset,
+        op_mark,
+        committed,
+        checks,
+        attempts,
+        next_check_ms,
+        unreachable_since_ms,
+        last_reason,
+        resolved_by,
+        resolved_ms,
+        deliver_at_ms,
+        history,
+    ) = rec
+    tx = Tx(
+        tx_id,
+        topic,
+        queue_id,
+        producer_group,
+        check_url,
+        message_id,
+        key,
+        traceparent,
+        timeout_ms,
+        created_ms,
+        half_phys,
+        half_offset,
+        op_mark,
+        TxState.COMMITTED if committed else TxState.ROLLED_BACK,
+        checks,
+        attempts,
+        next_check_ms,
+        unreachable_since_ms,
+        last_reason,
+        resolved_by,
+        resolved_ms,
+        deliver_at_ms,
+    )
+    if history:
+        h = history
+        tx.history = deque(
+            (
+                CheckRecord(int(h[i]), str(h[i + 1]), str(h[i + 2]), float(h[i + 3]))
+                for i in range(0, len(h), 4)
+            ),
+            maxlen=CHECK_HISTORY_MAX,
+        )
+    return tx
 
 
 def transition_back(tx: Tx, to: TxState) -> None:
