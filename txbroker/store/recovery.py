@@ -187,21 +187,40 @@ def recover(
         pi = rep.index_offset = min(pi, cut)
         if not (rebuild or rebuild_index):
             replay_from = rep.replay_from = min(p, pi)
-    for rec in commitlog.scan(replay_from, end_out):
-        if cut is not None and rec.phys >= cut:
-            end_out.append(ScanEnd(rec.phys, _CUT))
+    start = replay_from
+    while True:
+        for rec in commitlog.scan(start, end_out):
+            if cut is not None and rec.phys >= cut:
+                end_out.append(ScanEnd(rec.phys, _CUT))
+                break
+            past_cp = rec.phys >= p
+            qkey = (rec.topic, rec.queue_id)
+            to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
+            if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
+                to_queue = False  # its topic was deleted; the index keeps it for internal keys
+            # Half messages are not indexed (append.UNINDEXED); replay must build the same index.
+            to_index = (rec.phys >= pi or rebuild_index) and not rec.flags & UNINDEXED
+            if not (to_queue or to_index):
+                continue
+            replay(rec, queue_set, index, to_queue, to_index)
+            n += 1
+        end, reason = end_out[-1]
+        if end >= p or start >= p or reason == _CUT or rebuild or rebuild_index:
             break
-        past_cp = rec.phys >= p
-        qkey = (rec.topic, rec.queue_id)
-        to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
-        if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
-            to_queue = False  # its topic was deleted; the index keeps it for internal keys
-        # Half messages are not indexed (append.UNINDEXED); replay must build the same index.
-        to_index = (rec.phys >= pi or rebuild_index) and not rec.flags & UNINDEXED
-        if not (to_queue or to_index):
-            continue
-        replay(rec, queue_set, index, to_queue, to_index)
-        n += 1
+        # The scan for the index stopped before P, inside the log recorded as durable (damage,
+        # or a hole): that is not a torn tail to cut. The queue entries there are durable (a
+        # read of the damaged record fails, as one before P always does); only the index
+        # entries from there to P cannot be rebuilt. Go on from P.
+        log.error(
+            "commit log record at offset %d is invalid (%s) inside the region the checkpoint "
+            "recorded as durable (up to %d): the key index will not find the records from it "
+            "to %d",
+            end,
+            reason or "unwritten hole",
+            p,
+            p,
+        )
+        start = p
     rep.records_replayed = n
     end, reason = end_out[-1]
     if cut is not None and reason != _CUT and end >= cut:
