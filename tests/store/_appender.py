@@ -1,6 +1,7 @@
 """Child process for the kill -9 test: appends with sync flush and reports each acknowledged
 append on stdout as "seq queue_id queue_offset physical_offset". Run as
-``python -m tests.store._appender DATA_DIR FIRST_SEQ``."""
+``python -m tests.store._appender DATA_DIR FIRST_SEQ [NAME=INT ...]``, each NAME=INT a
+``StoreConfig`` field to override."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def body_for(seq: int) -> bytes:
     return (f"<{seq}>".encode() * (seq % 700 + 1))[: seq % 9000 + 1]
 
 
-async def main(data_dir: Path, first: int) -> None:
-    store = await MessageStore.open(small_config(data_dir, segment_bytes=1024 * 1024))
+async def main(data_dir: Path, first: int, overrides: dict[str, int]) -> None:
+    store = await MessageStore.open(
+        small_config(data_dir, **{"segment_bytes": 1024 * 1024, **overrides})
+    )
     os.write(1, b"READY\n")
     counter = iter(range(first, first + 10_000_000))
 
@@ -35,4 +38,5 @@ async def main(data_dir: Path, first: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2])))
+    named = dict(arg.split("=", 1) for arg in sys.argv[3:])
+    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2]), {k: int(v) for k, v in named.items()}))

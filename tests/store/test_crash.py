@@ -17,14 +17,19 @@ import pytest
 from tests.conftest import small_config
 from tests.store._appender import body_for
 from txbroker.store import KeyKind, MessageStore
+from txbroker.store.checkpoint import read_checkpoint
+from txbroker.store.consumequeue import CQ_ENTRY
+from txbroker.store.keyindex import INDEX_ENTRY, INDEX_HEADER, SLOT
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 20
 
 
-def _run_child_until_killed(data: Path, first: int, acks_before_kill: int) -> list[tuple[int, ...]]:
+def _run_child_until_killed(
+    data: Path, first: int, acks_before_kill: int, *overrides: str
+) -> list[tuple[int, ...]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.store._appender", str(data), str(first)],
+        [sys.executable, "-m", "tests.store._appender", str(data), str(first), *overrides],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -103,5 +108,71 @@ async def test_sigkill_during_sync_appends_loses_no_acknowledged_record(tmp_path
             for seq in rng.sample(sorted(acked), min(20, len(acked))):
                 found = await store.lookup(KeyKind.KEY, f"s{seq}")
                 assert [m.physical_offset for m in found] == [acked[seq][2]]
+        finally:
+            await store.close()
+
+
+def _lose_what_was_not_flushed(data: Path, slots: int) -> None:
+    """Leave the queue and index files as a power loss may after the checkpoint: entries past
+    what it recorded as durable gone, the index's slots garbage, later index files never
+    written. (A kill -9 alone keeps them: the page cache outlives the process.)"""
+    cp = read_checkpoint(data)
+    assert cp is not None
+    rng = random.Random(cp.log_offset)
+    for key, count in cp.queues.items():
+        for path in (data / "consumequeue" / key).iterdir():
+            base, size = int(path.name), path.stat().st_size
+            keep = min(max(count - base, 0), size // CQ_ENTRY.size) * CQ_ENTRY.size
+            with path.open("r+b") as f:
+                f.seek(keep)
+                f.write(bytes(size - keep))
+    for path in (data / "index").iterdir():
+        if int(path.name) > cp.index_base:
+            path.write_bytes(bytes(path.stat().st_size))
+        elif int(path.name) == cp.index_base:
+            entries_at = INDEX_HEADER.size + slots * SLOT.size
+            with path.open("r+b") as f:
+                f.seek(INDEX_HEADER.size)
+                f.write(rng.randbytes(slots * SLOT.size))
+                f.seek(entries_at + cp.index_count * INDEX_ENTRY.size)
+                f.write(rng.randbytes(path.stat().st_size - f.tell()))
+
+
+@pytest.mark.slow
+async def test_sigkill_with_queues_and_index_unflushed_recovers_them_from_the_log(
+    tmp_path: Path,
+) -> None:
+    """Queues are flushed by frequent checkpoints, the key index by none after the open: what
+    neither flushed is rebuilt from the log, so every acknowledged record is consumable at the
+    queue offset it was acknowledged with and its key finds it."""
+    data = tmp_path / "store"
+    slots = small_config(data).index_slots
+    lazy = ("checkpoint_interval_ms=20", "index_flush_interval_ms=600000")
+    acked: dict[int, tuple[int, int, int]] = {}
+    for rnd in range(3):
+        for seq, qid, qoff, phys in _run_child_until_killed(data, rnd * 1_000_000, 3000, *lazy):
+            acked[seq] = (qid, qoff, phys)
+        cp = read_checkpoint(data)
+        assert cp is not None
+        # Checkpoints ran while appending, and the key index lagged behind them.
+        assert cp.index_durable < cp.log_offset
+        _lose_what_was_not_flushed(data, slots)
+
+        store = await MessageStore.open(small_config(data, segment_bytes=1024 * 1024))
+        try:
+            rep = store.recovery
+            assert rep is not None and rep.abnormal
+            assert (rep.index_offset, rep.checkpoint_offset) == (
+                cp.index_durable,
+                cp.log_offset,
+            )
+            assert not rep.queues_rebuilt and not rep.index_rebuilt
+            for seq, (qid, qoff, phys) in acked.items():
+                got = await store.get_messages("crash", qid, qoff, max_count=1)
+                assert [(m.physical_offset, m.body) for m in got.messages] == [
+                    (phys, body_for(seq))
+                ]
+                found = await store.lookup(KeyKind.KEY, f"s{seq}")
+                assert [m.physical_offset for m in found] == [phys]
         finally:
             await store.close()

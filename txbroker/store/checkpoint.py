@@ -2,9 +2,15 @@
 (``Checkpointer``); the abnormal-shutdown marker; and ``TailCut``.
 
 A checkpoint at log offset P promises: every commit-log record before P is on disk, and so is
-every consume-queue and key-index entry for those records, so recovery replays from P only.
+every consume-queue entry for those records; every key-index entry is on disk for the records
+before its ``index_offset`` (at most P), so recovery re-queues from P and re-indexes from there.
 ``queues`` lists each queue's entry count at P, so a queue missing or shorter on disk is
 rebuilt. Written with ``write_atomic``: a reader sees the old checkpoint or the new one.
+
+The key index is made durable less often than the queues (``StoreConfig.index_flush_interval_ms``):
+its hash slots are rewritten at random places, so every flush of it writes most of the slot
+area whatever the traffic, and on the log's disk that burst delays the group commits behind it.
+Between its flushes a checkpoint carries the last durable index state forward unchanged.
 """
 
 from __future__ import annotations
@@ -42,11 +48,18 @@ CHECKPOINT_VERSION: Final = 1
 
 class Checkpoint(msgspec.Struct, frozen=True):
     version: int = CHECKPOINT_VERSION
-    log_offset: int = 0  # P: everything before it is durable in log, queues and index
-    index_base: int = -1  # the active index file at P (-1: none yet)
-    index_count: int = 0  # its durable entry count at P
+    log_offset: int = 0  # P: everything before it is durable in the log and the queues
+    # The key index is durable for the records before this (never past P); -1: at P.
+    index_offset: int = -1
+    index_base: int = -1  # the active index file at index_offset (-1: none yet)
+    index_count: int = 0  # its durable entry count at index_offset
     queues: dict[str, int] = msgspec.field(default_factory=dict)  # "topic/queue" -> count at P
     written_ms: int = 0
+
+    @property
+    def index_durable(self) -> int:
+        """Where recovery starts re-indexing: the key index holds every record before it."""
+        return self.log_offset if self.index_offset < 0 else min(self.index_offset, self.log_offset)
 
 
 def queue_key(topic: str, queue_id: int) -> str:
@@ -115,7 +128,8 @@ class TailCut:
 
 class Checkpointer:
     """Takes checkpoints: the log is made durable up to P first, then, in the durable-work
-    thread, every queue written since the last checkpoint and the key index, then the file."""
+    thread, every queue written since the last checkpoint, the key index when its flush is due
+    (``index_flush_interval_ms``), then the file."""
 
     def __init__(
         self,
@@ -125,6 +139,7 @@ class Checkpointer:
         queues: ConsumeQueues,
         flusher: Flusher,
         lifecycle: Lifecycle,
+        index_flush_interval_ms: int,
     ) -> None:
         self._dir = data_dir
         self._log = commitlog
@@ -132,34 +147,62 @@ class Checkpointer:
         self._queues = queues
         self._flusher = flusher
         self._lifecycle = lifecycle
+        self._index_interval = index_flush_interval_ms / 1000
+        # The newest checkpoint whose key-index state is durable, and when the next index
+        # flush is due (monotonic seconds); None until the store has written one.
+        self._index_durable: Checkpoint | None = None
+        self._index_due = 0.0
 
     def now(self) -> Checkpoint:
-        """A checkpoint at the current end of the log (not yet durable)."""
+        """A checkpoint at the current end of the log, the key index included (not yet durable)."""
         base, count = self._index.state()
+        end = self._log.write_pos
         return Checkpoint(
-            log_offset=self._log.write_pos,
+            log_offset=end,
+            index_offset=end,
             index_base=base,
             index_count=count,
             queues={queue_key(t, q): cq.max_offset for (t, q), cq in self._queues.by_key.items()},
             written_ms=time.time_ns() // 1_000_000,
         )
 
-    def make_durable(self, cp: Checkpoint, queues: list[ConsumeQueue]) -> None:
-        """In the durable-work thread, once the log is durable up to ``cp.log_offset``."""
+    def written(self, cp: Checkpoint) -> None:
+        """``cp`` is on disk with everything it covers, the key index included."""
+        if self._index_durable is None or cp.index_durable >= self._index_durable.index_durable:
+            self._index_durable = cp
+            self._index_due = time.monotonic() + self._index_interval
+
+    def make_durable(self, cp: Checkpoint, queues: list[ConsumeQueue], *, index: bool) -> None:
+        """In the durable-work thread, once the log is durable up to ``cp.log_offset``:
+        ``queues``, the key index if ``index``, then the checkpoint file."""
         for cq in queues:
             cq.sync()
-        self._index.sync()
+        if index:
+            self._index.sync()
         write_checkpoint(self._dir, cp)
 
-    async def checkpoint(self) -> Checkpoint:
-        """Make queues and index durable up to the current end of the log and record it."""
+    async def checkpoint(self, *, index: bool = False) -> Checkpoint:
+        """Make the queues durable up to the current end of the log and record it; the key
+        index too when ``index`` or when its flush is due, else record its last durable state."""
         self._lifecycle.check_open()
         committer = self._flusher.committer
         assert committer is not None
         cp = self.now()
+        last = self._index_durable
+        index = index or last is None or time.monotonic() >= self._index_due
+        if not index:
+            assert last is not None
+            cp = msgspec.structs.replace(
+                cp,
+                index_offset=last.index_durable,
+                index_base=last.index_base,
+                index_count=last.index_count,
+            )
         dirty, self._queues.dirty = list(self._queues.dirty), set()
-        if self._index.files:
+        if index and self._index.files:
             self._index.files[-1].write_header()
         await committer.wait_durable()  # the log first: P must be durable before queues
-        await committer.run_in_durable_thread(lambda: self.make_durable(cp, dirty))
+        await committer.run_in_durable_thread(lambda: self.make_durable(cp, dirty, index=index))
+        if index:
+            self.written(cp)
         return cp

@@ -32,6 +32,11 @@ class StoreConfig:
     # How often queue/index files are made durable and the checkpoint moved: bounds how much
     # log recovery must replay after a crash (about one interval of traffic).
     checkpoint_interval_ms: int = 1000
+    # How often the key index joins a checkpoint: its hash slots take writes at random places,
+    # so each flush of it writes most of its 4 MiB slot area however little was indexed, a
+    # burst the log's group commits queue behind. Recovery re-indexes from the log what the last
+    # index flush did not cover: about this much traffic, scanned at start-up after a crash.
+    index_flush_interval_ms: int = 10_000
     # 300k entries x 20 bytes = 5.7 MiB per consume-queue file, RocketMQ's default.
     cq_entries_per_file: int = 300_000
     # 1 Mi slots (4 MiB) and 2 Mi entries (48 MiB) per index file: chains stay ~2 long, and
@@ -60,6 +65,7 @@ class StoreConfig:
         for name in (
             "flush_interval_ms",
             "checkpoint_interval_ms",
+            "index_flush_interval_ms",
             "cq_entries_per_file",
             "retention_check_interval_ms",
         ):

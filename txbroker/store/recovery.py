@@ -49,6 +49,7 @@ _NEXT[Phase.TRUNCATE] = Phase.DONE
 class RecoveryReport:
     abnormal: bool = False
     checkpoint_offset: int = 0
+    index_offset: int = 0  # the key index was durable up to here; re-indexed from it
     replay_from: int = 0
     end_offset: int = 0
     records_replayed: int = 0
@@ -128,7 +129,9 @@ def recover(
     else:
         rebuild_index = False
     p = max(cp.log_offset, commitlog.min_offset)
+    pi = max(cp.index_durable, commitlog.min_offset)  # the key index holds the records before
     rep.checkpoint_offset = p
+    rep.index_offset = pi
     rep.advance(Phase.PLAN)
 
     # A queue shorter on disk than the checkpoint says (or missing) is rebuilt from the log.
@@ -159,15 +162,16 @@ def recover(
     if rebuild_index:
         _wipe_index(index)
     elif abnormal:
-        # Entries past the checkpoint may be torn (power loss); trust only the checkpointed
-        # prefix of the checkpointed file, drop newer files, and let the replay re-add the rest.
+        # Entries past the index's checkpoint may be torn (power loss) or missing (never
+        # flushed); trust only its checkpointed prefix of its file, drop newer files, and let
+        # the replay re-add the rest from the log.
         while index.files and index.files[-1].f.base > cp.index_base:
             index.files.pop().f.close(unlink=True)
         if index.files:
             index.files[-1].relink(cp.index_count)
     rep.index_rebuilt = rebuild_index
 
-    replay_from = commitlog.min_offset if (rebuild or rebuild_index) else p
+    replay_from = commitlog.min_offset if (rebuild or rebuild_index) else min(p, pi)
     rep.replay_from = replay_from
     rep.advance(Phase.REPLAY)
     end_out: list[ScanEnd] = []
@@ -180,23 +184,43 @@ def recover(
         # queue entries between it and the checkpoint are dropped too.
         log.warning("checkpoint at %d lies past the cut at %d: recovering from the cut", p, cut)
         p = rep.checkpoint_offset = cut
+        pi = rep.index_offset = min(pi, cut)
         if not (rebuild or rebuild_index):
-            replay_from = rep.replay_from = cut
-    for rec in commitlog.scan(replay_from, end_out):
-        if cut is not None and rec.phys >= cut:
-            end_out.append(ScanEnd(rec.phys, _CUT))
+            replay_from = rep.replay_from = min(p, pi)
+    start = replay_from
+    while True:
+        for rec in commitlog.scan(start, end_out):
+            if cut is not None and rec.phys >= cut:
+                end_out.append(ScanEnd(rec.phys, _CUT))
+                break
+            past_cp = rec.phys >= p
+            qkey = (rec.topic, rec.queue_id)
+            to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
+            if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
+                to_queue = False  # its topic was deleted; the index keeps it for internal keys
+            # Half messages are not indexed (append.UNINDEXED); replay must build the same index.
+            to_index = (rec.phys >= pi or rebuild_index) and not rec.flags & UNINDEXED
+            if not (to_queue or to_index):
+                continue
+            replay(rec, queue_set, index, to_queue, to_index)
+            n += 1
+        end, reason = end_out[-1]
+        if end >= p or start >= p or reason == _CUT or rebuild or rebuild_index:
             break
-        past_cp = rec.phys >= p
-        qkey = (rec.topic, rec.queue_id)
-        to_queue = past_cp or (bool(rebuild) and queue_key(*qkey) in rebuild)
-        if to_queue and fences and fences.is_dead_at(rec.topic, rec.phys):
-            to_queue = False  # its topic was deleted; the index keeps it for internal keys
-        # Half messages are not indexed (append.UNINDEXED); replay must build the same index.
-        to_index = (past_cp or rebuild_index) and not rec.flags & UNINDEXED
-        if not (to_queue or to_index):
-            continue
-        replay(rec, queue_set, index, to_queue, to_index)
-        n += 1
+        # The scan for the index stopped before P, inside the log recorded as durable (damage,
+        # or a hole): that is not a torn tail to cut. The queue entries there are durable (a
+        # read of the damaged record fails, as one before P always does); only the index
+        # entries from there to P cannot be rebuilt. Go on from P.
+        log.error(
+            "commit log record at offset %d is invalid (%s) inside the region the checkpoint "
+            "recorded as durable (up to %d): the key index will not find the records from it "
+            "to %d",
+            end,
+            reason or "unwritten hole",
+            p,
+            p,
+        )
+        start = p
     rep.records_replayed = n
     end, reason = end_out[-1]
     if cut is not None and reason != _CUT and end >= cut:

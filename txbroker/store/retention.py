@@ -98,7 +98,8 @@ class Retention:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, unlink_all, dead)
         if self._lifecycle.state is StoreState.OPEN:
-            await self._checkpointer.checkpoint()  # the new log start; syncs the directories
+            # The new log start, and an index state past the files just dropped.
+            await self._checkpointer.checkpoint(index=True)
         return RetentionReport(segments, freed, log_min)
 
     def _cut(self, now_ms: int) -> int | None:

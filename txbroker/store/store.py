@@ -68,7 +68,13 @@ class MessageStore:
             config, self.log, self.index, self._queues, self.fences, flusher, lifecycle
         )
         self._checkpointer = Checkpointer(
-            self.dir, self.log, self.index, self._queues, flusher, lifecycle
+            self.dir,
+            self.log,
+            self.index,
+            self._queues,
+            flusher,
+            lifecycle,
+            config.index_flush_interval_ms,
         )
         self._retention = Retention(
             config, self.log, self.index, self._queues, flusher, lifecycle, self._checkpointer
@@ -157,7 +163,9 @@ class MessageStore:
             dead.extend(cq.drop_before_phys(self.log.min_offset))
         dead.extend(self.index.drop_before_phys(self.log.min_offset))
         unlink_all(dead)
-        write_checkpoint(self.dir, self._checkpointer.now())
+        cp = self._checkpointer.now()
+        write_checkpoint(self.dir, cp)
+        self._checkpointer.written(cp)
         tail_cut.clear()  # applied and durable (the log and the checkpoint above)
         self._marker.set()
 
@@ -200,7 +208,7 @@ class MessageStore:
             cp = self._checkpointer.now()
             dirty = list(self.queues.values())
             await committer.run_in_durable_thread(
-                lambda: self._checkpointer.make_durable(cp, dirty)
+                lambda: self._checkpointer.make_durable(cp, dirty, index=True)
             )
             if committer.failure is None:
                 await loop.run_in_executor(None, self._marker.clear)
@@ -367,9 +375,11 @@ class MessageStore:
 
     # --- checkpoints and retention --------------------------------------------------------
 
-    async def checkpoint(self) -> Checkpoint:
-        """Make queues and index durable up to the current end of the log and record it."""
-        return await self._checkpointer.checkpoint()
+    async def checkpoint(self, *, index: bool = True) -> Checkpoint:
+        """Make queues and key index durable up to the current end of the log and record it;
+        with ``index=False`` the key index only when its flush is due (what the store's own
+        checkpoints do, see ``StoreConfig.index_flush_interval_ms``)."""
+        return await self._checkpointer.checkpoint(index=index)
 
     async def enforce_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete whole segments older than ``retention_ms`` or beyond ``retention_bytes``,
