@@ -20,7 +20,8 @@ __all__ = ["BUILD", "COMPILED_MODULES", "Build", "detect"]
 # The per-message path, chosen by profile (docs/benchmarks.md, "Compiled hot path"): the frame
 # codec, the record encoding with its CRC, the consume-queue and key-index entries, and the SDK's
 # request encoding and receipt decoding; and the HTTP API's publish path past the ASGI layers (the
-# direct request, its endpoint, the body's decoding and the token's check).
+# direct request, its endpoint and the body's decoding; not guard.py, whose endpoints Starlette
+# must see as functions).
 COMPILED_MODULES: Final[tuple[str, ...]] = (
     "txbroker.protocol.codec",
     "txbroker.protocol.ids",
@@ -36,7 +37,6 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "txbroker.runtime.turnwriter",
     "txbroker.runtime.httpdirect",
     "txbroker.server.http.bodies",
-    "txbroker.server.http.guard",
     "txbroker.server.http.messaging",
     "txbroker_sdk.wire",
 )
