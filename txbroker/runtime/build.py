@@ -19,7 +19,9 @@ __all__ = ["BUILD", "COMPILED_MODULES", "Build", "detect"]
 
 # The per-message path, chosen by profile (docs/benchmarks.md, "Compiled hot path"): the frame
 # codec, the record encoding with its CRC, the consume-queue and key-index entries, and the SDK's
-# request encoding and receipt decoding.
+# request encoding and receipt decoding; and the HTTP API's publish path past the ASGI layers (the
+# direct request, its endpoint and the body's decoding; not guard.py, whose endpoints Starlette
+# must see as functions).
 COMPILED_MODULES: Final[tuple[str, ...]] = (
     "txbroker.protocol.codec",
     "txbroker.protocol.ids",
@@ -33,6 +35,9 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "txbroker.server.handlers",
     "txbroker.server.connection",
     "txbroker.runtime.turnwriter",
+    "txbroker.runtime.httpdirect",
+    "txbroker.server.http.bodies",
+    "txbroker.server.http.messaging",
     "txbroker_sdk.wire",
 )
 

@@ -67,6 +67,9 @@ class _TurnTransport:
         if not self._transport.is_closing():
             self._transport.write(data)
 
+    def is_closing(self) -> bool:  # asked at every answer: not through __getattr__
+        return self._transport.is_closing()
+
     def close(self) -> None:
         self._out.flush()  # what was written before the close still goes out, first
         self._transport.close()

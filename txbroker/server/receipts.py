@@ -113,9 +113,16 @@ RECEIPT_PATTERN: Final = r"^[mr]\.[0-9]{1,5}\.[0-9]{1,19}\.[0-9a-f]{16}$"
 _RECEIPT: Final = re.compile(RECEIPT_PATTERN)
 NONCE_BYTES: Final = 8
 assert len(secrets.token_hex(NONCE_BYTES)) == 16, "RECEIPT_PATTERN's nonce width"
+
 # Nonces drawn from the OS at once: one system call per this many receipts (two receives of
 # 32), where one per receipt cost as much as the rest of handing the message out.
 NONCE_BATCH: Final = 64
+
+
+def _receipt(kind: str, queue: int, offset: int, nonce: str) -> str:
+    """The receipt of a delivery, as RECEIPT_PATTERN reads it (``_find`` splits it apart)."""
+    return f"{kind}.{queue}.{offset}.{nonce}"
+
 
 BrokerCall = Callable[[int, Any], Awaitable[Any]]
 
@@ -552,7 +559,7 @@ class Receiver:
                 continue
             # Handed out as it is read: invisible from the start (a retry copy read for
             # another topic's receivers is handed out later, by _hand_out).
-            receipt = f"{kind}.{q}.{offset}.{nonces.next()}"
+            receipt = _receipt(kind, q, offset, nonces.next())
             delivery = flying[offset] = _Delivery(None, State.INVISIBLE, receipt, until)
             out.append(Received(m, receipt))
             taken.append((q, offset, delivery))
@@ -569,7 +576,7 @@ class Receiver:
         message, d.message = d.message, None
         assert message is not None, "a delivery is handed out once"
         d.move(State.INVISIBLE)
-        d.receipt = f"{source.kind}.{queue}.{offset}.{self._nonces.next()}"
+        d.receipt = _receipt(source.kind, queue, offset, self._nonces.next())
         d.deadline = until
         return Received(message, d.receipt)
 

@@ -19,7 +19,15 @@ from txbroker.protocol.frames import MAX_FRAME_BYTES
 from txbroker.runtime.httpdirect import BodyTooLarge, DirectRequest
 from txbroker.server.http.problems import BadRequest, ContentTooLarge, UnsupportedMediaType
 
-__all__ = ["BODY_BYTES_MAX", "JSON", "decode", "json_response", "read_json", "read_json_direct"]
+__all__ = [
+    "BODY_BYTES_MAX",
+    "JSON",
+    "decode",
+    "json_response",
+    "read_json",
+    "read_json_direct",
+    "undecodable",
+]
 
 # A request body is read up to this and refused past it: the TCP protocol's frame bound, which
 # holds a message of the largest body the store takes (4 MiB) even base64-encoded (5.4 MiB)
@@ -72,10 +80,16 @@ def decode(raw: bytes, kind: type[T]) -> T:
     """``raw`` as a ``kind``; ``400`` when it is not JSON or does not match the type."""
     try:
         return _decoder(kind).decode(raw)
-    except msgspec.ValidationError as e:
-        raise BadRequest(f"the body does not match {kind.__name__}: {e}") from e
     except msgspec.DecodeError as e:
-        raise BadRequest(f"the body is not valid JSON: {e}") from e
+        raise undecodable(e, kind) from e
+
+
+def undecodable(error: msgspec.DecodeError, kind: type) -> BadRequest:
+    """The ``400`` for a body msgspec could not decode as a ``kind``: not JSON, or JSON that
+    does not match the type (a :class:`msgspec.ValidationError`, a DecodeError's subclass)."""
+    if isinstance(error, msgspec.ValidationError):
+        return BadRequest(f"the body does not match {kind.__name__}: {error}")
+    return BadRequest(f"the body is not valid JSON: {error}")
 
 
 # One decoder per type, made on first use: decode() is on every request.

@@ -49,7 +49,13 @@ from txbroker.runtime.httpdirect import DirectRequest
 from txbroker.server.access import Access
 from txbroker.server.connection import settle
 from txbroker.server.delay import SCHEDULE_TOPIC
-from txbroker.server.http.bodies import decode, json_response, read_json, read_json_direct
+from txbroker.server.http.bodies import (
+    decode,
+    json_response,
+    read_json,
+    read_json_direct,
+    undecodable,
+)
 from txbroker.server.http.guard import direct_route, guarded, principal, redirecting
 from txbroker.server.http.problems import (
     BadRequest,
@@ -142,9 +148,9 @@ class Messaging:
         self._access.check(principal(request), Opcode.SEND, SendRequest(topic, b""))
         raw = await read_json_direct(request)
         header_key = _idempotency_key(request.header(b"idempotency-key"))
-        single = _single(raw)
-        if single is None:
-            messages = decode(raw, PublishBatch).messages
+        body = _decode_publish(raw)
+        if isinstance(body, PublishBatch):
+            messages = body.messages
             if header_key is not None:
                 raise BadRequest(
                     "Idempotency-Key names a single message: give each message of a batch "
@@ -154,18 +160,20 @@ class Messaging:
                 raise InvalidArgument(f"a batch holds 1..{MAX_BATCH_MESSAGES} messages")
             reqs = [_send_request(topic, m, f"messages[{i}]") for i, m in enumerate(messages)]
         else:
-            if header_key is not None and single.idempotency_key not in (None, header_key):
+            if header_key is not None and body.idempotency_key not in (None, header_key):
                 raise BadRequest("the Idempotency-Key header and idempotency_key differ")
-            reqs = [_send_request(topic, single, "body", header_key)]
+            reqs = [_send_request(topic, body, "body", header_key)]
+        batch = isinstance(body, PublishBatch)
         held = self._claim(reqs)
         try:
             if held:
                 await self._refuse_reused_keys(reqs)
-            receipts = await self._publish(reqs, batch=single is None)
+            receipts = await self._publish(reqs, batch=batch)
         finally:
             self._inflight -= held
-        out = [_receipt(r) for r in receipts] if single is None else None
-        return json_response(Receipts(out) if out is not None else _receipt(receipts[0]), 201)
+        if batch:
+            return json_response(Receipts([_receipt(r) for r in receipts]), 201)
+        return json_response(_receipt(receipts[0]), 201)
 
     async def prepare(self, request: Request) -> Response:
         p = decode(await read_json(request), PrepareTransaction)
@@ -274,23 +282,30 @@ class Messaging:
 
 
 _decode_message: Final = msgspec.json.Decoder(PublishMessage).decode
+_decode_batch: Final = msgspec.json.Decoder(PublishBatch).decode
 
 
-def _single(raw: bytes) -> PublishMessage | None:
-    """The body as one message, or None when it is a batch (``{"messages": [...]}``): decoded
-    as a message first, the common case, so a single message is decoded once. A message's
-    fields never include ``messages``, so a body that decodes as a message is none."""
+def _decode_publish(raw: bytes) -> PublishMessage | PublishBatch:
+    """The body as one message or as a batch (``{"messages": [...]}``). Decoded as a message
+    first, the common case: a batch fails that at its ``messages`` key (no message has that
+    field), so each body is decoded in full once. Only a body that is neither is looked at
+    again, to say which of the two it does not match."""
     try:
         return _decode_message(raw)
     except msgspec.ValidationError as e:
-        if _is_batch(raw):
-            return None
-        raise BadRequest(f"the body does not match PublishMessage: {e}") from e
+        not_single = e
     except msgspec.DecodeError as e:
-        raise BadRequest(f"the body is not valid JSON: {e}") from e
+        raise undecodable(e, PublishMessage) from e
+    try:
+        return _decode_batch(raw)
+    except msgspec.ValidationError as e:
+        if _is_batch(raw):
+            raise undecodable(e, PublishBatch) from e
+        raise undecodable(not_single, PublishMessage) from not_single
 
 
 def _is_batch(raw: bytes) -> bool:
+    """Whether the body (valid JSON) is an object with a ``messages`` field."""
     try:
         shape = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError as e:
