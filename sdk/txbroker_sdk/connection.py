@@ -37,7 +37,13 @@ from txbroker_sdk.errors import BrokerUnreachable, ConnectionClosed, RequestTime
 from txbroker_sdk.requests import DEFAULT_PORT, parse_server_url, uses_tls
 from txbroker_sdk.wire import Wire
 
-__all__ = ["DEFAULT_CONNECT_DEADLINE_S", "DEFAULT_KEEPALIVE_S", "SWEEP_INTERVAL_S", "Connection"]
+__all__ = [
+    "DEFAULT_CONNECT_DEADLINE_S",
+    "DEFAULT_KEEPALIVE_S",
+    "PROBE_S",
+    "SWEEP_INTERVAL_S",
+    "Connection",
+]
 
 log = logging.getLogger(__name__)
 # Each failed connection attempt, on a logger of its own: a program that reports the final
@@ -55,6 +61,13 @@ DEFAULT_KEEPALIVE_S: Final = 60.0
 LAST_ATTEMPT_S: Final = 0.5
 # Deadlines are checked this often: a timeout fires at most this much late.
 SWEEP_INTERVAL_S = 0.05
+# After a request timed out, the broker must be heard from (the probe's PING answered, or any
+# other answer) within this long (or the client's timeout_s, if shorter), else the connection
+# is closed as dead. A broker answers PING at once, beside requests still waiting (a sync
+# write), in milliseconds, so a second is hundreds of times that, and still short against TCP's
+# retransmission back-off that would otherwise keep a healed link silent: after a 20 s cut the
+# next retransmission is about 7 s away.
+PROBE_S: Final = 1.0
 
 
 class Connection:
@@ -68,6 +81,15 @@ class Connection:
     unknown: resend with an idempotency key); the next request reconnects, backing off
     exponentially, for up to ``reconnect_s`` seconds. A connection that sent nothing for
     ``keepalive_s`` pings the broker (0: never), so the broker's idle timeout does not close it.
+
+    A request that times out (:class:`RequestTimeout`) leaves the connection open, but makes it
+    suspect: a PING probes it, and if nothing comes back from the broker within ``PROBE_S``
+    (1 s, at most ``timeout_s``), the connection is closed as dead, its requests in flight fail
+    with :class:`ConnectionClosed`, and the next request connects again. A partition drops
+    packets without a reset, and TCP retransmits what a connection sent with an exponential
+    back-off, so a connection kept across a long cut would carry nothing until its next
+    retransmission, seconds after the link healed; a new connection works at once. A broker that
+    is only slow answers the probe and keeps the connection, with every request on it.
 
     Why the keep-alive: the broker closes authenticated connections that stay silent for its
     ``idle_timeout_ms`` (5 minutes by default), and a service that publishes rarely should not find
@@ -117,6 +139,8 @@ class Connection:
         self._quiet = False  # nothing sent since the keepalive last looked
         self._connected_once = False  # later connections are reconnects (``reconnect_s``)
         self._token_told = False  # warned that the broker checks no tokens
+        self._probe: asyncio.Future[Any] | None = None  # the PING sent after a request timed out
+        self._heard = False  # anything answered since the probe was sent
         self._pending: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # Request deadlines are checked by one sweeper task rather than a timer per request:
         # a timer per request cost as much as the request itself in the client's profile.
@@ -474,17 +498,48 @@ class Connection:
         while self._deadlines:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.monotonic()
+            suspect = False
             for corr, (deadline, timeout_s) in list(self._deadlines.items()):
                 if deadline <= now:
                     del self._deadlines[corr]
                     if (entry := self._pending.pop(corr, None)) is not None:
+                        suspect = suspect or entry[1] is not self._probe
                         if not entry[1].done():
                             entry[1].set_exception(_timed_out(entry[0], timeout_s))
                     elif (posted := self._posted.get(corr)) is not None:
+                        suspect = True
                         self._posted_answered(corr, _timed_out(posted[0], timeout_s))
+            if suspect:
+                self._send_probe()
+
+    def _send_probe(self) -> None:
+        """A request timed out: PING, unless a probe is out already (see the class docstring)."""
+        if self._closed is not None or (self._probe is not None and not self._probe.done()):
+            return
+        self._heard = False
+        _, probe = self._submit(Opcode.PING, Empty(), min(self._timeout_s, PROBE_S))
+        self._probe = probe
+        probe.add_done_callback(functools.partial(self._probed, self._wire))
+
+    def _probed(self, wire: Wire | None, probe: asyncio.Future[Any]) -> None:
+        """The probe ended: nothing heard from the broker in time closes ``wire`` as dead."""
+        if probe.cancelled() or not isinstance(probe.exception(), RequestTimeout):
+            return  # answered, or the connection is gone already
+        if self._heard or self._wire is not wire or wire is None or self._closed is not None:
+            return
+        where = f"{self._host}:{self._port}"
+        err = ConnectionClosed(
+            f"the connection to {where} is presumed dead: a request got no answer, and then "
+            f"nothing came back to a PING within {min(self._timeout_s, PROBE_S):g} s; the next "
+            "request connects again"
+        )
+        log.warning("%s", err)
+        self._fail(err)
+        wire.abort()  # nothing queued for a dead link is worth flushing before the close
 
     def _answered(self, frames: list[Frame]) -> None:
         """Hand each answer to its request (called by the connection as frames arrive)."""
+        self._heard = True
         pending, deadlines = self._pending, self._deadlines
         for frame in frames:
             if frame.opcode == Opcode.STREAM:

@@ -7,7 +7,7 @@ not by a reader task (see the connection module's docstring for why).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from txbroker.errors import ProtocolError
 from txbroker.protocol.codec import FrameDecoder
@@ -36,6 +36,11 @@ class Wire(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what is still buffered to send."""
+        if self._transport is not None:
+            cast("asyncio.Transport", self._transport).abort()  # a TCP (or TLS) transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport

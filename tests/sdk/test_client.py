@@ -15,14 +15,22 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from txbroker.errors import FrameTooLarge, ProtocolError
-from txbroker.protocol.codec import FrameDecoder, encode_frame
+from txbroker.protocol.codec import Frame, FrameDecoder, encode_frame
 from txbroker.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameKind, Opcode
-from txbroker.protocol.messages import Empty, HelloOk, SendRequest, TxEndRequest, encode_body
+from txbroker.protocol.messages import (
+    Empty,
+    HelloOk,
+    SendReceipt,
+    SendRequest,
+    TxEndRequest,
+    encode_body,
+)
 from txbroker_sdk import Client
-from txbroker_sdk.errors import ConnectionClosed
+from txbroker_sdk.connection import PROBE_S
+from txbroker_sdk.errors import ConnectionClosed, RequestTimeout
 
-# What the scripted server does with each request after HELLO: (request opcode, writer) -> None.
-Script = Callable[[int, asyncio.StreamWriter], Awaitable[None]]
+# What the scripted server does with each request after HELLO: (request, writer) -> None.
+Script = Callable[[Frame, asyncio.StreamWriter], Awaitable[None]]
 
 
 @asynccontextmanager
@@ -40,7 +48,7 @@ async def scripted_broker(script: Script) -> AsyncIterator[str]:
                             encode_frame(FrameKind.RESPONSE, Opcode.HELLO, frame.corr_id, hello)
                         )
                     else:
-                        await script(frame.opcode, writer)
+                        await script(frame, writer)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -54,15 +62,15 @@ async def scripted_broker(script: Script) -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-async def _never_answer(opcode: int, writer: asyncio.StreamWriter) -> None:
+async def _never_answer(frame: Frame, writer: asyncio.StreamWriter) -> None:
     return None
 
 
-async def _hang_up(opcode: int, writer: asyncio.StreamWriter) -> None:
+async def _hang_up(frame: Frame, writer: asyncio.StreamWriter) -> None:
     writer.close()
 
 
-async def _garbage(opcode: int, writer: asyncio.StreamWriter) -> None:
+async def _garbage(frame: Frame, writer: asyncio.StreamWriter) -> None:
     writer.write(b"\xff" * 64)  # a length no frame can have
 
 
@@ -96,8 +104,8 @@ async def test_a_posted_request_with_no_answer_times_out_and_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with scripted_broker(_never_answer) as url, await Client.connect(url) as c:
+        t0 = time.monotonic()  # before the deadline is set: a preemption between can't count
         c.post(Opcode.TX_END, TxEndRequest("t1", "commit"), note="settled later", timeout_s=0.2)
-        t0 = time.monotonic()
         await c.drain(timeout_s=10)
         assert 0.2 <= time.monotonic() - t0 < 2  # the deadline ended it, not drain's bound
         assert c.unanswered == 0
@@ -167,3 +175,80 @@ async def test_a_request_too_large_to_send_leaves_nothing_in_flight(broker: Brok
         await c.drain(timeout_s=10)
         assert time.monotonic() - t0 < 1  # nothing to wait for
         await c.ping()
+
+
+SLOW_S = 0.3  # how late the slow broker below answers a SEND: past the short timeout only
+SHORT_TIMEOUT_S = 0.1
+
+
+def _slow_broker(answers_ping: bool) -> tuple[Script, list[int]]:
+    """A broker that answers each SEND ``SLOW_S`` late (a sync write waiting for a slave), and
+    PING at once unless not ``answers_ping`` (a broker that stopped reading behind requests in
+    flight), its connection alive all along; records the opcodes it was sent."""
+    seen: list[int] = []
+
+    async def answer(frame: Frame, writer: asyncio.StreamWriter) -> None:
+        seen.append(frame.opcode)
+        if frame.opcode == Opcode.PING and answers_ping:
+            body = encode_body(Empty())
+        elif frame.opcode == Opcode.SEND:
+            await asyncio.sleep(SLOW_S)  # the broker's slowness, played
+            body = encode_body(SendReceipt("m", "t", 0, 0))
+        else:
+            return
+        writer.write(encode_frame(FrameKind.RESPONSE, frame.opcode, frame.corr_id, body))
+
+    async def script(frame: Frame, writer: asyncio.StreamWriter) -> None:
+        tasks.add(task := asyncio.create_task(answer(frame, writer)))  # answered out of order
+        task.add_done_callback(tasks.discard)
+
+    tasks: set[asyncio.Task[None]] = set()
+    return script, seen
+
+
+def _send(c: Client, timeout_s: float | None = None) -> Awaitable[SendReceipt]:
+    req = SendRequest("t", b"x", None, None, {}, "k")
+    return c.request(Opcode.SEND, req, timeout_s=timeout_s)
+
+
+@pytest.mark.parametrize("answers_ping", [True, False], ids=["answers-ping", "busy"])
+async def test_a_request_timing_out_on_a_live_connection_leaves_it_and_its_requests_alone(
+    caplog: pytest.LogCaptureFixture, answers_ping: bool
+) -> None:
+    """A timeout makes the connection suspect and sends a probe; a broker heard from in time
+    (the probe answered, or other answers coming) keeps it, with every request in flight."""
+    script, seen = _slow_broker(answers_ping)
+    async with scripted_broker(script) as url, await Client.connect(url) as c:
+        other = asyncio.create_task(_send(c))  # another caller's, with the default timeout
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(_send(c, SHORT_TIMEOUT_S), 10)
+        timed_out_at = time.monotonic()
+        assert await asyncio.wait_for(other, 10) == SendReceipt("m", "t", 0, 0)
+        # Past the probe's deadline, the connection still carries requests.
+        while time.monotonic() - timed_out_at < PROBE_S + 0.5:
+            await asyncio.wait_for(_send(c), 10)
+        assert c.connected and c.reconnects == 0
+    assert Opcode.PING in seen
+    assert not [r for r in caplog.records if "presumed dead" in r.message]
+
+
+async def test_a_request_timing_out_on_a_silent_connection_closes_it_as_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing comes back to the probe either: the connection is closed as dead within
+    ``PROBE_S`` of the timeout, the other caller's request in flight fails then with
+    ``ConnectionClosed`` rather than at its own timeout, and the next request connects again."""
+    async with scripted_broker(_never_answer) as url, await Client.connect(url) as c:
+        other = asyncio.create_task(_send(c, 30))
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(_send(c, SHORT_TIMEOUT_S), 10)
+        timed_out_at = time.monotonic()
+        with pytest.raises(ConnectionClosed, match="presumed dead"):
+            await asyncio.wait_for(other, 10)
+        assert time.monotonic() - timed_out_at < PROBE_S + 0.5
+        assert not c.connected
+        with pytest.raises(RequestTimeout):  # connected again, and silent again
+            await asyncio.wait_for(_send(c, SHORT_TIMEOUT_S), 10)
+        assert c.reconnects == 1
+    [record] = [r for r in caplog.records if "presumed dead" in r.message]
+    assert record.levelno == logging.WARNING and record.name == "txbroker_sdk.connection"
