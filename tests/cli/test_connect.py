@@ -40,8 +40,9 @@ def test_a_closed_port_fails_in_one_line_within_the_connect_timeout() -> None:
         r"3 s \((\d+) attempts; is the broker running there\?\): \[Errno \d+\] Connection refused",
         line,
     ), line
-    # 3 s of attempts and the interpreter's start (a service's default deadline is 10 s).
-    assert 3.0 <= took < 6.0, took
+    # 3 s of attempts and the interpreter's start, which a busy machine stretches to seconds;
+    # not a service's default deadline of 10 s.
+    assert 3.0 <= took < 10.0, took
 
 
 def test_verbose_shows_each_attempt_and_the_timeout_is_a_flag() -> None:

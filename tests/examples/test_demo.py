@@ -11,11 +11,17 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from examples.driver import Outcome
 from examples.report import Snapshot, anomalies
 from tests.conftest import BrokerProcess, spark_children
 
 ROOT = Path(__file__).resolve().parents[2]
+# A hang guard, not a speed target: twice what a run took on a machine at load 8-15. Most of it
+# is the Spark reconciliation's fixed cost (a JVM, a local job's stages), which a smaller demo
+# does not cut (placing and settling the orders was a tenth of it).
+DEMO_TIMEOUT_S = 540
 
 
 def _demo(*args: str) -> str:
@@ -23,7 +29,7 @@ def _demo(*args: str) -> str:
         [sys.executable, "-m", "examples.demo", *args],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=DEMO_TIMEOUT_S,
         cwd=ROOT,
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -37,6 +43,7 @@ def _row(out: str, label: str) -> int:
 
 
 @spark_children  # the demo ends with the Spark reconciliation, in a child process
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
 def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
     out = _demo("--orders", "150", "--kills", "1", "--work-dir", str(tmp_path / "demo"))
     assert _row(out, "anomalies") == 0
@@ -58,6 +65,7 @@ def test_demo_on_sqlite_holds_under_crashes(tmp_path: Path) -> None:
 
 
 @spark_children
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
 def test_demo_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     out = _demo(
         "--orders", "120", "--kills", "1", "--database-url", pg_url, "--work-dir", str(tmp_path)

@@ -173,7 +173,7 @@ async def test_a_request_too_large_to_send_leaves_nothing_in_flight(broker: Brok
         assert c.unanswered == 0
         t0 = time.monotonic()
         await c.drain(timeout_s=10)
-        assert time.monotonic() - t0 < 1  # nothing to wait for
+        assert time.monotonic() - t0 < 5  # nothing to wait for: not drain's 10 s
         await c.ping()
 
 

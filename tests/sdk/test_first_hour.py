@@ -57,7 +57,7 @@ async def test_the_deadline_is_a_setting_of_the_client(caplog: pytest.LogCapture
     started = time.monotonic()
     with pytest.raises(BrokerUnreachable, match=f"cannot connect to 127.0.0.1:{port}: "):
         await Client.connect(address, connect_deadline_s=0)  # one attempt
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0  # not the default deadline's 10 s
     # A client that connects on first use keeps to its connect deadline, not to the longer
     # reconnect window of a connection that dropped.
     caplog.set_level(logging.WARNING, logger="txbroker_sdk.connection")

@@ -38,7 +38,8 @@ async def test_the_brokers_http_port_is_named_with_its_tcp_port(idle_broker: Bro
     started = time.monotonic()
     with pytest.raises(WrongPort) as caught:
         await Client.connect(f"txb://{http}")  # the default deadline: 10 s of retries
-    assert time.monotonic() - started < 2.0  # not retried: it would answer the same
+    # Not retried (it would answer the same) for the default deadline's 10 s.
+    assert time.monotonic() - started < 5.0
     assert str(caught.value) == (
         f"{http} is the broker's HTTP port (it answered in HTTP: HTTP/1.1 400 Bad Request); "
         f"the TCP port is {tcp}: txb://127.0.0.1:{tcp}"
@@ -74,7 +75,7 @@ async def test_no_attempt_outlasts_the_connect_deadline() -> None:
         with pytest.raises(RequestTimeout, match=r"HELLO got no answer within 1 s"):
             await Client.connect(f"txb://127.0.0.1:{port}", timeout_s=10, connect_deadline_s=1)
         took = time.monotonic() - started
-    assert 1.0 <= took < 2.0, took  # not the 10 s of timeout_s
+    assert 1.0 <= took < 5.0, took  # not the 10 s of timeout_s
 
 
 async def test_a_token_the_broker_does_not_check_is_warned_once_per_client(
