@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from txbroker_outbox import Relay, add
 from txbroker_sdk import TxbService
+from txbroker_sdk.errors import TxbError
 
 CHARS_MAX = 64  # the columns' width: a longer id or item gets 422, not a database error
 orders = sa.Table(
@@ -56,3 +57,5 @@ async def post_order(order: Order) -> dict[str, object]:
         return await place_order(order)
     except IntegrityError:  # a retried request whose first attempt committed
         raise HTTPException(409, f"order {order.id} exists") from None
+    except TxbError as e:  # the broker refused or could not be reached: nothing was committed
+        raise HTTPException(503, f"messaging unavailable: {e}") from None
