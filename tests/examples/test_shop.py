@@ -62,9 +62,11 @@ class Shop:
         self.orders_db: AsyncEngine | None = None
         self.billing_db: AsyncEngine | None = None
 
-    async def place(self, order_id: str, amount_cents: int = 1999) -> httpx.Response:
+    async def place(
+        self, order_id: str, amount_cents: int = 1999, timeout_s: float = 30
+    ) -> httpx.Response:
         order = {"id": order_id, "item": "lamp", "amount_cents": amount_cents}
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=timeout_s) as http:
             return await http.post(f"{self.orders.url}/orders", json=order)
 
     async def until(self, what: str, check: Callable[[], Awaitable[bool]]) -> None:
@@ -284,3 +286,17 @@ async def test_a_crash_between_prepare_and_end_tx_is_settled_by_the_back_check(
         assert set((await conn.scalars(sa.select(ORDERS.c.id))).all()) == {"kept", "after"}
     assert await shop.invoices() == {"kept": 1, "after": 1}
     assert await _audited(shop.broker, {"kept", "after"}) == {"kept", "after"}
+
+
+async def test_an_order_placed_while_the_broker_is_down_is_refused_with_503(shop: Shop) -> None:
+    shop.orders.start()
+    await _ready(shop, shop.orders)
+    shop.broker.stop()
+    # The SDK tries to reconnect for its reconnect_s (30 s) before the request fails.
+    res = await shop.place("o-down", timeout_s=90)
+    # Something to retry, not a server error: nothing was committed.
+    assert res.status_code == 503, res.text
+    assert res.json()["detail"].startswith("messaging unavailable: "), res.text
+    assert shop.orders_db is not None
+    async with shop.orders_db.connect() as conn:
+        assert (await conn.scalars(sa.select(ORDERS.c.id))).all() == []
