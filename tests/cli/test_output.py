@@ -6,7 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from txbroker.cli.output import Column, ago, human_time, print_fields, print_table
+from txbroker.cli.output import Column, human_time, print_fields, print_table
+from txbroker.runtime.timetext import ago
 
 NOW = 1_750_000_000_000
 
@@ -63,3 +64,7 @@ def test_fields(capsys: pytest.CaptureFixture[str]) -> None:
         "    checks  2,000",
         "      done  yes",
     ]
+
+
+def test_ago_of_never_is_a_dash() -> None:
+    assert ago(0, NOW) == ago(None, NOW) == "-"

@@ -3,7 +3,8 @@ its own (no clock, no I/O: the broker-level tests are in test_stalled.py)."""
 
 from __future__ import annotations
 
-from txbroker.tx.checkhealth import REPEAT_S, TRACKED_MAX, CheckHealth, duration_text
+from txbroker.runtime.timetext import duration_text
+from txbroker.tx.checkhealth import REPEAT_S, TRACKED_MAX, CheckHealth
 from txbroker.tx.state import SINCE_UNKNOWN, Tx, TxState
 
 EP = "http://orders:8000"

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from txbroker.runtime.timetext import ago
+
 # rich is imported where something is drawn: a command printing JSON or plain lines (send,
 # consume, any --json) starts without it.
 if TYPE_CHECKING:
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Column",
     "RunProgress",
-    "ago",
     "err_console",
     "human_time",
     "note",
@@ -155,25 +156,6 @@ def _cell(value: object) -> str:
 
 
 # --- times ---
-
-
-def ago(ms: int, now_ms: int | None = None) -> str:
-    """How long before (or after) now an epoch-milliseconds instant is: '3 min ago', 'in 5 s'."""
-    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    delta_s = (now_ms - ms) / 1000
-    future = delta_s < 0
-    s = abs(delta_s)
-    if s < 1:
-        return "now"
-    if s < 60:
-        text = f"{s:.0f} s"
-    elif s < 3600:
-        text = f"{s / 60:.0f} min"
-    elif s < 86400:
-        text = f"{s / 3600:.1f} h"
-    else:
-        text = f"{s / 86400:.1f} days"
-    return f"in {text}" if future else f"{text} ago"
 
 
 def human_time(ms: int, now_ms: int | None = None) -> str:

@@ -16,13 +16,13 @@ from typing import Any
 from txbroker.cli.common import Subparsers, add_broker_options, positive, with_client
 from txbroker.cli.output import (
     Column,
-    ago,
     human_time,
     note,
     print_fields,
     print_json,
     print_table,
 )
+from txbroker.runtime.timetext import ago
 
 __all__ = ["register", "state_label", "tx_record"]
 

@@ -7,42 +7,22 @@ body, reason or id is user data and reaches the page only escaped. Undefined nam
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
-from typing import Final
 
 import jinja2
 from starlette.templating import Jinja2Templates
 
-__all__ = ["ago", "duration_ms", "number", "rate", "templates", "when"]
+from txbroker.runtime.timetext import ago
+
+__all__ = ["duration_ms", "number", "rate", "templates", "when"]
+
 
 # Ages past this many seconds are shown in minutes, hours, days.
-_UNITS: Final = ((86_400, "d"), (3_600, "h"), (60, "min"))
-
-
 def when(ms: int | None) -> str:
     """Local time to the second, as the CLI shows it."""
     if not ms:
         return "-"
     return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _span(seconds: float) -> str:
-    for size, unit in _UNITS:
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def ago(ms: int | None, now_ms: int | None = None) -> str:
-    """``12 s ago``, ``in 3 min``, or ``now``."""
-    if not ms:
-        return "-"
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    delta = (now - ms) / 1000
-    if abs(delta) < 1:
-        return "now"
-    return f"{_span(delta)} ago" if delta > 0 else f"in {_span(-delta)}"
 
 
 def duration_ms(ms: object) -> str:

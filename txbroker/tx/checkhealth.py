@@ -20,7 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["REPEAT_S", "TRACKED_MAX", "CheckHealth", "duration_text"]
+from txbroker.runtime.timetext import duration_text
+
+__all__ = ["REPEAT_S", "TRACKED_MAX", "CheckHealth"]
 
 # A failing endpoint is told again at most every 5 minutes: often enough that a person reading
 # the log now sees it is still down, rare enough that 100 broken endpoints are a few lines a
@@ -106,13 +108,3 @@ def _counts(run: _Run) -> str:
     n = sum(run.causes.values())
     by = ", ".join(f"{cause}: {k}" for cause, k in run.causes.most_common())
     return f"{n} check{'s' if n != 1 else ''} failed ({by})"
-
-
-def duration_text(seconds: float) -> str:
-    """``seconds`` as a person says it: "42 s", "4 min 12 s", "3 h 5 min"."""
-    s = max(int(seconds), 0)
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    return f"{s // 3600} h {s % 3600 // 60} min"
