@@ -1,15 +1,18 @@
 """Answering "what happened to order o-1?" in a real browser against a real broker: search by key,
 transaction id, message id, idempotency key and header value; the recently ended transactions
 and their filters; links from every message and reconciliation id to a timeline; the smaller
-things an operator reads (the sign-in label, the rate's window)."""
+things an operator reads (the sign-in label, the rate's window); a search the store cannot
+fully answer says what it could not search and why."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 from selenium.webdriver.common.keys import Keys
 
 from tests.console.conftest import FAST_CHECKS, GROUP, TOKEN, StartBroker, sign_in, until, wait_for
@@ -290,3 +293,94 @@ def _summary(examples: list[dict[str, Any]]) -> dict[str, Any]:
         ],
         "examples": examples,
     }
+
+
+def _rot(data_dir: Path, marker: bytes) -> None:
+    """Flip one bit of the newest record holding ``marker`` in the broker's commit log, as a
+    failing disk would: the broker maps the same file, so its next read of the record fails
+    its CRC. (Segments are named by their first offset: sorted, they are the log's order.)"""
+    segment = max(p for p in data_dir.rglob("commitlog/*") if marker in p.read_bytes())
+    at = segment.read_bytes().rindex(marker)
+    fd = os.open(segment, os.O_RDWR)
+    try:
+        [byte] = os.pread(fd, 1, at)
+        assert os.pwrite(fd, bytes([byte ^ 0x20]), at) == 1
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_a_search_the_store_cannot_fully_read_names_what_was_not_searched_and_why(
+    browser: Any, start_broker: StartBroker, check_url: str, shots: Any
+) -> None:
+    b = start_broker()
+    outbox = b'{"event": "order placed", "id": "o-7", "rot": "here"}'
+    async with await Client.connect(b.url) as c:
+        await c.create_topic("orders", queues=2)
+        await c.create_topic("audit", queues=1)
+        tx = await c.prepare("orders", b'{"id": "o-7"}', producer_group=GROUP,
+                             check_url=check_url, key="o-7")  # fmt: skip
+        await tx.commit()
+        await c.send("audit", outbox, key="o-7")
+        # Past the header scan's reach: SCAN_QUEUE_MAX newer messages in its queue. Only the
+        # key index reads the outbox message then, and its failure would go unseen.
+        for _ in range(0, SCAN_QUEUE_MAX, 1000):
+            await c.send_batch([SendRequest("audit", b"{}") for _ in range(1000)])
+    _rot(b.data_dir, outbox)
+
+    async with httpx.AsyncClient(base_url=b.http) as h:
+        page = await h.get("/console/search", params={"q": "o-7"})
+    assert page.status_code == 200, page.text
+    text = page.text
+    assert "The search is incomplete" in text
+    assert "the key index (keys): the record at physical offset" in text
+    assert "CRC mismatch" in text and "queue audit/0" not in text
+    assert tx.tx_id in text  # what the rest holds is still shown: the transaction, from memory
+    assert "No message under" not in text  # no claim of absence where the store failed
+    assert 'None found under <span class="mono">o-7</span> in what could be searched' in text
+
+    browser.delete_all_cookies()
+    browser.get(f"{b.http}/console/")
+    _search(browser, "o-7")
+    warning = browser.find_element(CSS, "main .notice.error[role=alert]")
+    assert warning.text.startswith("The search is incomplete")
+    [line] = [li.text for li in warning.find_elements(CSS, "li")]
+    assert line.startswith("the key index (keys): the record at physical offset")
+    assert line.endswith(")") and "is corrupt: CRC mismatch (stored 0x" in line
+    # Above the results, where an operator looks first.
+    first_table = browser.find_element(CSS, "main h2")
+    assert warning.location["y"] < first_table.location["y"]
+    [row] = _tables(browser)["Transactions"]
+    assert tx.tx_id in row and "committed" in row
+    assert _tables(browser)["Messages"] == []
+    shots(browser, "search-incomplete")
+
+    # A search that reads none of it is complete, and says plainly that nothing is there.
+    text = _search(browser, "nothing-like-this")
+    assert "The search is incomplete" not in text and "No message under nothing-like-this" in text
+
+    # A bad record the header scan reads too: one cause, one line naming both sources; and the
+    # timeline of its transaction says what it could not read, claiming neither "not delivered"
+    # nor "no longer in the log".
+    async with await Client.connect(b.url) as c:
+        other = await c.prepare("orders", b'{"id": "o-8", "rot": "here"}', producer_group=GROUP,
+                                check_url=check_url, key="o-8")  # fmt: skip
+        await other.commit()
+    _rot(b.data_dir, b'{"id": "o-8", "rot": "here"}')  # the committed copy, after its half
+    _search(browser, "o-8")
+    warning = browser.find_element(CSS, "main .notice.error[role=alert]")
+    [line] = [li.text for li in warning.find_elements(CSS, "li")]
+    assert line.startswith("the key index (keys), queue orders/"), line
+    assert "CRC mismatch" in line
+    [row] = _tables(browser)["Transactions"]
+    assert other.tx_id in row
+    async with httpx.AsyncClient(base_url=b.http) as h:
+        page = await h.get(f"/console/transactions/{other.tx_id}")
+    assert page.status_code == 200, page.text
+    assert "This timeline may be incomplete" in page.text
+    assert "the decision: the record at physical offset" in page.text
+    assert "the visible copy: the record at physical offset" in page.text
+    assert "Not delivered" not in page.text
+    browser.get(f"{b.http}/console/transactions/{other.tx_id}")
+    wait_for(lambda: "This timeline may be incomplete" in _text(browser), "the timeline")
+    shots(browser, "timeline-incomplete")

@@ -25,7 +25,7 @@ from txbroker.cluster import Coordinator
 from txbroker.console import guard
 from txbroker.console.render import templates
 from txbroker.console.session import COOKIE, FLASH_COOKIE, SESSION_TTL_S, Session, Sessions
-from txbroker.errors import NotFound, TxbError
+from txbroker.errors import NotFound, StoreError, TxbError
 from txbroker.server.admin import Admin
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.rates import WINDOW_S
@@ -177,6 +177,8 @@ class Context:
                 response = await fn(request)
             except NotFound as e:
                 response = self.refused(request, 404, str(e))
+            except StoreError as e:  # the broker's trouble, not the request's
+                response = self.refused(request, 503, str(e))
             except TxbError as e:
                 response = self.refused(request, 400 if not e.retriable else 503, str(e))
             if fresh is not None:

@@ -11,6 +11,9 @@ The query is compared, exactly, with:
 - header values: not indexed, so the newest messages of every queue (and of ``%HALF``) are read,
   ``SCAN_MAX`` in all; :class:`Scan` says how far that went, and the page says it too.
 
+A source the store fails to read (closed, a corrupt record) is named in ``Found.failures``
+with why, and the others are still searched: an empty table is then no proof of absence.
+
 Every message found links to its transaction, and every transaction to its timeline.
 """
 
@@ -23,7 +26,7 @@ from typing import Final
 from txbroker.console.context import Deps
 from txbroker.console.messages import MessageView
 from txbroker.console.timeline import GroupProgress, group_progress
-from txbroker.errors import InvalidArgument, TxbError
+from txbroker.errors import InvalidArgument, NotFound, TxbError
 from txbroker.server.producer import HEADER_PREFIX, MAX_KEY_BYTES
 from txbroker.store import KeyKind, StoredMessage
 from txbroker.tx.state import (
@@ -35,7 +38,16 @@ from txbroker.tx.state import (
     Tx,
 )
 
-__all__ = ["QUERY_BYTES_MAX", "SCAN_MAX", "Found", "MessageHit", "Scan", "TxHit", "search"]
+__all__ = [
+    "FAILURES_SHOWN",
+    "QUERY_BYTES_MAX",
+    "SCAN_MAX",
+    "Found",
+    "MessageHit",
+    "Scan",
+    "TxHit",
+    "search",
+]
 
 # Nothing searchable is longer than a key (ids are 32 characters; header values are compared
 # up to the same length).
@@ -52,6 +64,16 @@ SCAN_QUEUE_MIN: Final = 100
 SCAN_QUEUE_MAX: Final = 5_000
 SCAN_BATCH: Final = 256
 assert SCAN_QUEUE_MIN <= SCAN_QUEUE_MAX <= SCAN_MAX
+# Failures listed above the results: a store that fails everywhere fails each queue alike (one
+# line, every queue named), so more lines than this are distinct faults; the page counts the rest.
+FAILURES_SHOWN: Final = 10
+# What each kind of index lookup searches, as the page names it.
+_INDEXED: Final = {
+    KeyKind.MESSAGE_ID: "message ids",
+    KeyKind.KEY: "keys",
+    KeyKind.IDEMPOTENCY_KEY: "idempotency keys",
+    KeyKind.INTERNAL: "decision records",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +110,9 @@ class Found:
     messages: list[MessageHit] = field(default_factory=list)
     scan: Scan | None = None
     more: bool = False  # more matched than a table shows
+    # What could not be searched and why, one line per cause ("<sources>: <why>"): where the
+    # store failed a read, nothing found is not "not there".
+    failures: list[str] = field(default_factory=list)
 
 
 def check_query(raw: str) -> str:
@@ -101,13 +126,31 @@ def check_query(raw: str) -> str:
     return q
 
 
+class _Failures:
+    """The sources a search could not read, grouped by why: a closed store fails every source
+    alike, and one line naming them all reads better than one line each."""
+
+    def __init__(self) -> None:
+        self._by_why: dict[str, list[str]] = {}
+
+    def add(self, source: str, why: TxbError | str) -> None:
+        sources = self._by_why.setdefault(str(why), [])
+        if source not in sources:
+            sources.append(source)
+
+    def lines(self) -> list[str]:
+        return [f"{', '.join(sources)}: {why}" for why, sources in self._by_why.items()]
+
+
 class _Hits:
-    """Matches gathered from every source, each transaction and message once."""
+    """Matches gathered from every source, each transaction and message once, and the sources
+    that failed."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
         self.txs: dict[str, tuple[Tx | None, StoredMessage | None, str | None, list[str]]] = {}
         self.msgs: dict[int, tuple[StoredMessage, list[str]]] = {}
+        self.failures = _Failures()
 
     def tx(
         self,
@@ -142,27 +185,33 @@ class _Hits:
             self.tx(tx_id, matched, m=m)
 
 
-async def _lookup(deps: Deps, kind: KeyKind, key: str, limit: int) -> list[StoredMessage]:
+async def _lookup(
+    deps: Deps, kind: KeyKind, key: str, limit: int, failures: _Failures
+) -> list[StoredMessage]:
     try:
         return await deps.store.lookup(kind, key, limit=limit)
-    except TxbError:
-        return []  # the store is closing or failed: the page shows what the rest found
+    except TxbError as e:  # the store is closed, or a record is corrupt: the rest is searched
+        failures.add(f"the key index ({_INDEXED[kind]})", e)
+        return []
 
 
-async def _decided(deps: Deps, tx_id: str) -> StoredMessage | None:
+async def _decided(deps: Deps, tx_id: str, failures: _Failures) -> StoredMessage | None:
     """The decision record of an ended transaction (the committed copy, or a rollback op)."""
-    found = await _lookup(deps, KeyKind.INTERNAL, f"txend:{tx_id}", 1)
+    found = await _lookup(deps, KeyKind.INTERNAL, f"txend:{tx_id}", 1, failures)
     return found[0] if found else None
 
 
-async def _half_of(deps: Deps, op: StoredMessage) -> StoredMessage | None:
+async def _half_of(deps: Deps, op: StoredMessage, failures: _Failures) -> StoredMessage | None:
     raw = op.properties.get(PROP_HALF_PHYS, "")
     if not raw.isdigit():
         return None
     try:
         return await deps.store.read(int(raw))
-    except TxbError:
-        return None  # deleted by retention
+    except NotFound:
+        return None  # deleted by retention: the rollback record still says how it ended
+    except TxbError as e:
+        failures.add(f"the half message of transaction {op.properties.get(PROP_TX, '?')}", e)
+        return None
 
 
 async def _scan(deps: Deps, q: str, hits: _Hits) -> Scan:
@@ -179,7 +228,11 @@ async def _scan(deps: Deps, q: str, hits: _Hits) -> Scan:
             complete = False  # older messages than this queue's share
         while offset < hi and read < SCAN_MAX:
             count = min(SCAN_BATCH, hi - offset, SCAN_MAX - read)
-            got = await deps.store.get_messages(topic, queue, offset, count)
+            try:
+                got = await deps.store.get_messages(topic, queue, offset, count)
+            except TxbError as e:  # the rest of this queue is not searched; the others are
+                hits.failures.add(f"queue {topic}/{queue}", e)
+                break
             read += len(got.messages)
             for m in got.messages:
                 half = topic == HALF_TOPIC
@@ -210,11 +263,12 @@ async def search(deps: Deps, query: str) -> Found:
 
     # a transaction id, and the message its commit made visible (which holds its decision)
     tx = deps.tx.find(q)
-    end = await _decided(deps, q)
+    end = await _decided(deps, q, hits.failures)
     if tx is not None:
         hits.tx(q, "transaction id", tx=tx)
     elif end is not None and end.topic == OP_TOPIC:
-        hits.tx(q, "transaction id", m=await _half_of(deps, end), state="rolled_back")
+        half = await _half_of(deps, end, hits.failures)
+        hits.tx(q, "transaction id", m=half, state="rolled_back")
     elif end is not None:
         hits.tx(q, "transaction id", m=end, state="committed")
     if end is not None and not end.topic.startswith("%"):
@@ -226,7 +280,7 @@ async def search(deps: Deps, query: str) -> Found:
         (KeyKind.KEY, "key"),
         (KeyKind.IDEMPOTENCY_KEY, "idempotency key"),
     ):
-        for m in await _lookup(deps, kind, q, LOOKUP_MAX):
+        for m in await _lookup(deps, kind, q, LOOKUP_MAX, hits.failures):
             # Internal copies (retries, dead letters, scheduled) are the timeline's to tell.
             if not m.topic.startswith("%"):
                 hits.message(m, label)
@@ -243,11 +297,15 @@ async def search(deps: Deps, query: str) -> Found:
     messages = sorted(hits.msgs.values(), key=lambda h: h[0].store_timestamp_ms, reverse=True)
     for m, matched in messages[:SHOWN_MAX]:
         groups = await group_progress(deps, m)
+        for g in groups:
+            if g.unread is not None:
+                hits.failures.add(f"the key index (failed deliveries to {g.group})", g.unread)
         found.messages.append(MessageHit(MessageView.of(m), matched, groups))
-    txs = [await _tx_hit(deps, tx_id, *known) for tx_id, known in hits.txs.items()]
+    txs = [await _tx_hit(deps, tx_id, *known, hits.failures) for tx_id, known in hits.txs.items()]
     txs.sort(key=lambda h: h.prepared_ms, reverse=True)
     found.transactions = txs[:SHOWN_MAX]
     found.more = len(messages) > SHOWN_MAX or len(txs) > SHOWN_MAX
+    found.failures = hits.failures.lines()
     return found
 
 
@@ -258,11 +316,12 @@ async def _tx_hit(
     m: StoredMessage | None,
     state: str | None,
     matched: list[str],
+    failures: _Failures,
 ) -> TxHit:
     if tx is not None:
         return TxHit(tx_id, tx.state.value, tx.topic, tx.key, tx.created_ms, matched)
     if state is None:  # a half message out of memory: its decision record says how it ended
-        end = await _decided(deps, tx_id)
+        end = await _decided(deps, tx_id, failures)
         if end is not None:
             state = "rolled_back" if end.topic == OP_TOPIC else "committed"
     topic = ""

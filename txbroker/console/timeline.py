@@ -4,7 +4,8 @@ parking and resuming, the decision, the delivery, and how far each consumer grou
 Every source is a bounded read: the coordinator's memory, the half record, ``%TXOP`` from the
 op mark on, the key index and the committed offsets (:func:`build_timeline` lists them). A
 transaction ended long ago (out of memory, or after a restart) is rebuilt from the log alone;
-one whose records retention deleted is not found.
+one whose records retention deleted is not found. A read the store fails (closed, a corrupt
+record) is listed in ``Timeline.unread``, never taken for a record that is not there.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Final
 from txbroker.console.context import Deps
 from txbroker.console.messages import MessageView
 from txbroker.console.render import duration_ms
-from txbroker.errors import NotFound, TransactionNotFound, TxbError
+from txbroker.errors import NotFound, StoreError, TransactionNotFound, TxbError
 from txbroker.server.retry import dlq_topic, retry_topic
 from txbroker.store import KeyKind, StoredMessage
 from txbroker.tx.state import (
@@ -68,6 +69,9 @@ class GroupProgress:
     committed: int | None  # the group's next offset on the message's queue
     status: str  # processed | waiting | failed
     note: str
+    # Why the index could not say whether its handler failed (None: it could); the status is
+    # then from the committed offset alone.
+    unread: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +86,8 @@ class Timeline:
     trace_id: str | None = None
     trace_link: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Reads the store failed, each "<what>: <why>": the timeline may lack what they held.
+    unread: list[str] = field(default_factory=list)
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
@@ -92,18 +98,24 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return m.group(2)
 
 
-async def _first(deps: Deps, kind: KeyKind, key: str, limit: int = 8) -> list[StoredMessage]:
+async def _first(
+    deps: Deps, kind: KeyKind, key: str, limit: int, what: str, unread: list[str]
+) -> list[StoredMessage]:
     try:
         return await deps.store.lookup(kind, key, limit=limit)
-    except TxbError:
+    except TxbError as e:
+        unread.append(f"{what}: {e}")
         return []
 
 
-async def _read(deps: Deps, phys: int) -> StoredMessage | None:
+async def _read(deps: Deps, phys: int, what: str, unread: list[str]) -> StoredMessage | None:
     try:
         return await deps.store.read(phys)
-    except TxbError:
+    except NotFound:
         return None  # deleted by retention, or not readable yet
+    except TxbError as e:
+        unread.append(f"{what}: {e}")
+        return None
 
 
 async def _ops(deps: Deps, tx_id: str, mark: int, t: Timeline) -> list[StoredMessage]:
@@ -157,24 +169,26 @@ async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
         tx: Tx | None = deps.tx.get(tx_id)
     except TransactionNotFound:
         tx = None
-    ends = await _first(deps, KeyKind.INTERNAL, f"txend:{tx_id}", 1)
+    unread: list[str] = []
+    ends = await _first(deps, KeyKind.INTERNAL, f"txend:{tx_id}", 1, "the decision", unread)
     end = ends[0] if ends else None
-    half = await _read(deps, tx.half_phys) if tx is not None else None
+    half = await _read(deps, tx.half_phys, "the half message", unread) if tx is not None else None
     if half is None and end is not None and end.topic == OP_TOPIC:
         phys = end.properties.get(PROP_HALF_PHYS, "")
-        half = await _read(deps, int(phys)) if phys.isdigit() else None
+        half = await _read(deps, int(phys), "the half message", unread) if phys.isdigit() else None
     mid = tx.message_id if tx is not None else None
     if mid is None and end is not None and end.topic != OP_TOPIC:
         mid = end.message_id
     if mid is None and half is not None:
         mid = half.message_id
-    copies = [
-        c
-        for c in (await _first(deps, KeyKind.MESSAGE_ID, mid) if mid else [])
-        if c.properties.get(PROP_TX) == tx_id
-    ]
+    found = (
+        await _first(deps, KeyKind.MESSAGE_ID, mid, 8, "the visible copy", unread) if mid else []
+    )
+    copies = [c for c in found if c.properties.get(PROP_TX) == tx_id]
     visible = next((c for c in copies if not c.topic.startswith("%")), None)
     if tx is None and end is None and half is None and visible is None:
+        if unread:  # nothing found, but not everything could be looked at: not "not found"
+            raise StoreError(f"transaction {tx_id!r} could not be looked up: {'; '.join(unread)}")
         raise NotFound(
             f"no transaction {tx_id!r}: never prepared here, or retention deleted its records"
         )
@@ -184,7 +198,7 @@ async def build_timeline(deps: Deps, tx_id: str) -> Timeline:
         state = "rolled_back" if end.topic == OP_TOPIC else "committed"
     else:
         state = "unknown"
-    t = Timeline(tx_id, state, tx)
+    t = Timeline(tx_id, state, tx, unread=unread)
     shown = visible or half or (end if end is not None and end.topic != OP_TOPIC else None)
     if shown is not None:
         t.message = MessageView.of(shown)
@@ -259,7 +273,11 @@ async def group_progress(deps: Deps, m: StoredMessage) -> list[GroupProgress]:
         committed = q.committed if q is not None else None
         base = g.group.split("@", 1)[0]
         nack = f"nack:{base}:{m.topic}:{m.queue_id}:{m.queue_offset}"
-        failed = await _first(deps, KeyKind.INTERNAL, nack, 1)
+        unread = None
+        try:
+            failed = await deps.store.lookup(KeyKind.INTERNAL, nack, limit=1)
+        except TxbError as e:
+            failed, unread = [], str(e)
         if committed is not None and committed > m.queue_offset:
             status, note = "processed", f"committed offset {committed} is past {m.queue_offset}"
         elif committed is None:
@@ -271,5 +289,7 @@ async def group_progress(deps: Deps, m: StoredMessage) -> list[GroupProgress]:
             where = dlq_topic(base) if failed[0].topic == dlq_topic(base) else retry_topic(base)
             status = "failed" if where == dlq_topic(base) else status
             note += f"; its handler failed at least once (a copy went to {where})"
-        out.append(GroupProgress(g.group, committed, status, note))
+        if unread is not None:
+            note += f"; whether its handler failed is not known: {unread}"
+        out.append(GroupProgress(g.group, committed, status, note, unread))
     return out

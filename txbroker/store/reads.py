@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from txbroker.errors import InvalidArgument, InvalidOffset, NotFound
+from txbroker.errors import CorruptLog, InvalidArgument, InvalidOffset, NotFound
 from txbroker.protocol.names import validate_topic
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.config import StoreConfig
@@ -26,6 +26,7 @@ from txbroker.store.record import (
     PROP_KEYS,
     PROP_MESSAGE_ID,
     StoredMessage,
+    check_record,
     decode_record,
 )
 from txbroker.store.state import Lifecycle
@@ -72,7 +73,7 @@ class Reader:
         else:
             loop = asyncio.get_running_loop()
             data = await loop.run_in_executor(None, self._log.read_cold, physical_offset)
-        return decode_record(data)
+        return _decoded(data, physical_offset)
 
     async def get_messages(
         self,
@@ -112,7 +113,10 @@ class Reader:
             raws = await loop.run_in_executor(
                 None, lambda: [self._log.read_cold(e[1]) for e in entries]
             )
-        msgs = [decode_record(r) for r in raws]
+        try:
+            msgs = [decode_record(r) for r in raws]
+        except CorruptLog:  # rare: decoded again, one by one, to name the record's offset
+            msgs = [_decoded(r, e[1]) for r, e in zip(raws, entries, strict=True)]
         if self._fences:
             # Copies in internal queues of a deleted topic's messages (and anything read while
             # the topic was being deleted) are skipped; next_offset moves past them.
@@ -171,6 +175,16 @@ class Reader:
                 if len(out) >= limit:
                     break
         return out
+
+
+def _decoded(data: bytes, phys: int) -> StoredMessage:
+    """The record read at ``phys``; a CorruptLog names the offset (the one a reader can act on:
+    ``decode_record`` sees a buffer, not the log)."""
+    try:
+        return decode_record(data)
+    except CorruptLog as e:
+        why = check_record(data) or str(e)
+        raise CorruptLog(f"the record at physical offset {phys} is corrupt: {why}") from e
 
 
 def _has_key(msg: StoredMessage, kind: KeyKind, key: str) -> bool:

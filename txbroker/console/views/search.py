@@ -8,7 +8,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from txbroker.console.context import Context
-from txbroker.console.search import LOOKUP_MAX, SHOWN_MAX, search
+from txbroker.console.search import FAILURES_SHOWN, LOOKUP_MAX, SHOWN_MAX, search
 
 __all__ = ["routes"]
 
@@ -21,6 +21,7 @@ def routes(ctx: Context) -> list[Route]:
             "query": found.query,
             "lookup_max": LOOKUP_MAX,
             "shown_max": SHOWN_MAX,
+            "failures_shown": FAILURES_SHOWN,
             "active": "search",
         }
         return ctx.render(request, "search.html", context)

@@ -104,12 +104,12 @@ def routes(ctx: Context) -> list[Route]:
             raise NotFound(f"no confirmation for {action!r}: commit or rollback")
         tx = deps.tx.get(tx_id)
         back = safe_return(request.query_params.get("back") or f"{PREFIX}/transactions/{tx_id}")
-        message = None
+        message, unreadable = None, None
         if not tx.ended:
             try:
                 message = MessageView.of(await deps.store.read(tx.half_phys))
-            except TxbError:
-                message = None  # deleted with its topic: the page says the commit will fail
+            except TxbError as e:  # the page says why, and that the commit will fail
+                unreadable = str(e)
         try:
             groups = [g.group for g in deps.admin.groups(topic=tx.topic)]
         except NotFound:
@@ -119,6 +119,7 @@ def routes(ctx: Context) -> list[Route]:
             "action": action,
             "verb": "Commit" if action == Decision.COMMIT else "Roll back",
             "message": message,
+            "unreadable": unreadable,
             "groups": groups,
             "last": tx.history[-1] if tx.history else None,
             "seen": seen(tx),
