@@ -100,11 +100,19 @@ TX_KINDS = ["isolate-master", "master-slaves", "halves", "master-slaves-one-way"
 
 class ServiceWorlds:
     """The module's settled worlds, for the one Spark pass at its end: each world's databases
-    live until the module ends (its logs are in its test's tmp_path, which outlives it)."""
+    and logs live until the module ends. Not in a test's tmp_path: a passing test's is removed
+    after it (``tmp_path_retention_policy``), and the next test's takes its name."""
 
-    def __init__(self, stack: contextlib.ExitStack) -> None:
+    def __init__(self, stack: contextlib.ExitStack, root: Path) -> None:
         self._stack = stack
+        self.root = root
         self.runs: list[ServiceRun] = []
+
+    def place(self, kind: str) -> Path:
+        """Where ``kind``'s world keeps its cluster's data and its services' logs."""
+        where = self.root / kind
+        where.mkdir()
+        return where
 
     def databases(self) -> tuple[str, str]:
         """A fresh, migrated orders and billing database."""
@@ -115,26 +123,21 @@ class ServiceWorlds:
 
 
 @pytest.fixture(scope="module")
-def service_worlds() -> Iterator[ServiceWorlds]:
+def service_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceWorlds]:
     with contextlib.ExitStack() as stack:
-        yield ServiceWorlds(stack)
+        yield ServiceWorlds(stack, tmp_path_factory.mktemp("partition-worlds"))
 
 
 @pytest.mark.parametrize("kind", TX_KINDS)
 async def test_no_transaction_vanishes_or_appears_across_a_partition(
-    net: TestNet, tmp_path: Path, kind: str, service_worlds: ServiceWorlds
+    net: TestNet, kind: str, service_worlds: ServiceWorlds
 ) -> None:
     orders_url, billing_url = service_worlds.databases()
-    root = tmp_path / "c"
+    where = service_worlds.place(kind)
+    root = where / "c"
     async with partition_cluster(root, net, "sync", extra=broker_args(root)) as cluster:
         run = await run_services_partition(
-            cluster,
-            Nemesis(net),
-            kind,
-            ServiceTiming(),
-            tmp_path / "world",
-            orders_url,
-            billing_url,
+            cluster, Nemesis(net), kind, ServiceTiming(), where / "world", orders_url, billing_url
         )
     service_worlds.runs.append(run)  # reconciled at the module's end, whatever it found here
     print(f"\n{kind}: {run.what}\n{run.tx.summary()}\n{run.figures.explain()}")
