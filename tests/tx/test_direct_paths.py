@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from txbroker.errors import TransactionConflict
+from txbroker.errors import ReplicationTimeout, TransactionConflict
 from txbroker.protocol.messages import TxEndResponse, TxPrepareRequest
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.replication.master import ReplicaTracker
 from txbroker.store.config import FlushMode
 from txbroker.tx import coordinator as coordinator_module
 from txbroker.tx.coordinator import TxCoordinator
@@ -181,3 +182,61 @@ async def test_a_transaction_no_longer_kept_is_answered_from_its_decision_record
     assert again == TxEndResponse("tx-1", "rolled_back", "operator", duplicate=True)
     with pytest.raises(TransactionConflict):
         await coordinator.end("tx-1", Decision.COMMIT, Resolver.PRODUCER)
+
+
+async def test_a_write_the_slaves_did_not_confirm_stands_and_a_takeover_asks_the_log(
+    coordinator: TxCoordinator,
+) -> None:
+    """With sync replication (the master's real gate, no slave reporting until the test says
+    so), a PREPARE or END_TX whose wait for the slaves timed out is in the log all the same: it
+    stands, unconfirmed, and a repeat is answered only once the slaves hold it. A takeover
+    forgets the unconfirmed decision it kept: the log it begins with answers."""
+    store = coordinator._store
+    tracker = store.replication_gate = ReplicaTracker(store, min_insync=1, timeout_s=0.3)
+
+    async def end(decision: Decision = Decision.COMMIT) -> TxEndResponse:
+        return await asyncio.wait_for(coordinator.end("tx-1", decision, Resolver.PRODUCER), 10)
+
+    try:
+        with pytest.raises(ReplicationTimeout):
+            await asyncio.wait_for(coordinator.prepare(_prepare("tx-1")), 10)
+        tx = coordinator.get("tx-1")
+        assert (tx.state, tx.unconfirmed) == (TxState.PREPARED, True)
+        assert coordinator.counters["prepared"] == 1  # open, and so back-checked when due
+        with pytest.raises(ReplicationTimeout):  # a resend waits for the slaves, in vain
+            await asyncio.wait_for(coordinator.prepare(_prepare("tx-1")), 10)
+        tracker.report("s1", store.write_offset)
+        retried = await asyncio.wait_for(coordinator.prepare(_prepare("tx-1")), 10)
+        assert retried.message_id == tx.message_id
+        await asyncio.sleep(0)  # the confirmation is a callback of the wait that answered
+        assert not tx.unconfirmed
+
+        with pytest.raises(ReplicationTimeout):
+            await end()
+        ended = coordinator.get("tx-1")
+        assert (ended.state, ended.unconfirmed) == (TxState.COMMITTED, True)
+        assert coordinator.listing(None, None) == []  # ended, not open again
+        repeat = coordinator.end_nowait("tx-1", Decision.COMMIT, Resolver.PRODUCER)
+        assert repeat is not None and repeat[1] is not None  # held for the slaves
+        with pytest.raises(ReplicationTimeout):
+            await asyncio.wait_for(asyncio.shield(repeat[1]), 10)
+        with pytest.raises(TransactionConflict):
+            await end(Decision.ROLLBACK)
+        assert store.queue_range("orders", 0) == (0, 1)  # one visible copy, nothing more
+
+        # A takeover (failover.py): no gate while the transactions are rebuilt, then a new
+        # term's, which counts as covered what the last master said its slaves held.
+        store.replication_gate = None
+        await asyncio.wait_for(coordinator.recover(from_start=True), 10)
+        tracker = store.replication_gate = ReplicaTracker(
+            store, min_insync=1, timeout_s=0.3, covered=tracker.covered
+        )
+        assert coordinator.find("tx-1") is None  # not kept: the index answers
+        assert coordinator.end_nowait("tx-1", Decision.COMMIT, Resolver.PRODUCER) is None
+        with pytest.raises(ReplicationTimeout):  # found in the log, not yet on a slave
+            await end()
+        tracker.report("s1", store.write_offset)
+        assert await end() == TxEndResponse("tx-1", "committed", "producer", duplicate=True)
+        assert store.queue_range("orders", 0) == (0, 1)
+    finally:
+        store.replication_gate = None

@@ -25,7 +25,7 @@ from typing import Final
 import httpx
 from opentelemetry.trace import Span
 
-from txbroker.errors import NotMaster, TransactionConflict, TxbError
+from txbroker.errors import NotMaster, ReplicationTimeout, TransactionConflict, TxbError
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker.tx import spans
@@ -410,6 +410,13 @@ class BackChecker:
                     await self._coord.end(tx.tx_id, decision, Resolver.CHECK, res.reason)
             except TransactionConflict as e:
                 log.warning("check of %s answered %s, but: %s", tx.tx_id, res.status.value, e)
+            except ReplicationTimeout as e:  # decided all the same: it stands on this master
+                log.warning(
+                    "check of %s answered %s, applied here, not yet on the slaves: %s",
+                    tx.tx_id,
+                    res.status.value,
+                    e,
+                )
             except TxbError:
                 log.exception("could not apply the check of %s", tx.tx_id)
                 self._reschedule(tx, "could not apply the answer")

@@ -4,6 +4,8 @@ PREPARE appends a *half record* to ``%HALF``, which no consumer reads. Resolving
 *decision record* under the internal key ``txend:<tx>``: the *visible copy* in the real topic
 for a commit, an *op record* in ``%TXOP`` for a rollback. One record, so a decision is never
 half written: after a crash a transaction without one is still open (a back-check decides).
+With sync replication a record whose wait for the slaves timed out stands too, unconfirmed
+(``Tx.unconfirmed``): it is in this master's log, which the slaves copy when they can.
 Around this module: ``policy`` (what a PREPARE must name), ``checker`` (back-checks),
 ``parking``, and ``recovery`` (the rebuild at start, and the state file that keeps it short).
 """
@@ -23,6 +25,7 @@ from typing import Final, TypeAlias
 from txbroker.errors import (
     InvalidArgument,
     NotFound,
+    ReplicationTimeout,
     StoreFailed,
     TooManyTransactions,
     TransactionConflict,
@@ -54,6 +57,7 @@ from txbroker.tx.state import (
     ENDED_KEY,
     ENDED_RESOLVED_BY,
     ENDED_TOPIC,
+    ENDED_UNCONFIRMED,
     HALF_ONLY,
     HALF_TOPIC,
     OP_TOPIC,
@@ -75,6 +79,7 @@ from txbroker.tx.state import (
     Resolver,
     Tx,
     TxState,
+    ended_confirmed,
     ended_record,
     ended_state,
     from_ended,
@@ -186,6 +191,8 @@ class TxCoordinator:
             if existing.state is TxState.PREPARED and existing.topic == req.topic:
                 if existing.pending is not None:
                     await asyncio.shield(existing.pending)  # the first PREPARE's group commit
+                if existing.unconfirmed:
+                    await _durable(self._replicated(tx_id))
                 return TxPrepareResponse(tx_id, existing.message_id)  # a retried PREPARE
             raise TransactionConflict(f"transaction {tx_id} exists and is {existing.state.value}")
         ended = self._recent.get(tx_id)
@@ -301,9 +308,16 @@ class TxCoordinator:
                 log.exception("settling transaction %s failed", waiting[0].tx_id)
 
     def _settle(self, waiting: _Waiting, failure: BaseException | None) -> None:
-        """The bookkeeping once a write is durable, or once the store failed (``failure``:
-        nothing is known durable)."""
+        """The bookkeeping once a write is durable, or once it failed (``failure``): the store
+        failed (nothing is known durable), or its wait for the slaves timed out."""
         tx, before, visible = waiting
+        if failure is None or isinstance(failure, ReplicationTimeout):
+            # A replication timeout leaves the record in this master's log, which the slaves
+            # fetch when they can and recovery reads: the write stands, unconfirmed. Taking it
+            # back here would leave memory and log disagreeing: a decision undone whose check
+            # was dropped as moot (open for ever), a resend appending a second commit.
+            tx.unconfirmed = failure is not None
+            failure = None
         if before is None:  # a PREPARE
             if failure is None:
                 self._prepared(tx)
@@ -332,7 +346,9 @@ class TxCoordinator:
                 return None
             state, resolved_by = ended_state(ended), ended[ENDED_RESOLVED_BY]
             if state is decision.state:
-                return TxEndResponse(tx_id, state.value, resolved_by, duplicate=True), None
+                answer = TxEndResponse(tx_id, state.value, resolved_by, duplicate=True)
+                # A duplicate is an acknowledgement too: not before the slaves hold the decision.
+                return answer, self._replicated(tx_id) if ended[ENDED_UNCONFIRMED] else None
             raise TransactionConflict(
                 f"transaction {tx_id} is {state.value} (by {resolved_by}); {decision.value} refused"
             )
@@ -376,6 +392,9 @@ class TxCoordinator:
         rec = found[0]
         ended = rec.properties.get(PROP_OP) if rec.topic == OP_TOPIC else Decision.COMMIT.value
         if ended == decision.value:
+            if rec.physical_offset + rec.size > self._store.readable_offset:
+                # In the log, not yet known to be on the slaves (see end_nowait).
+                await _durable(self._store.durable_together())
             by = rec.properties.get(PROP_BY, "")
             return TxEndResponse(tx_id, decision.state.value, by, duplicate=True)
         raise TransactionConflict(f"transaction {tx_id} ended with {ended}")
@@ -435,6 +454,30 @@ class TxCoordinator:
         while len(self._recent) > RECENT_MAX:
             self._recent.popitem(last=False)
 
+    def _replicated(self, tx_id: str) -> asyncio.Future[None] | None:
+        """What a repeated request for ``tx_id``, whose last write stands unconfirmed, waits for
+        before it answers: the slaves holding the log as it is now, that write with it (the
+        store's durability wait, shared: never cancel it). It fails, as the first did, while
+        they are out of reach; once it resolves the transaction is confirmed."""
+        durable = self._store.durable_together()
+        if durable is None:  # nothing to wait for: no replication gate, async flush
+            self._confirmed(tx_id, None)
+        else:
+            durable.add_done_callback(functools.partial(self._confirmed, tx_id))
+        return durable
+
+    def _confirmed(self, tx_id: str, durable: asyncio.Future[None] | None) -> None:
+        """``tx_id``'s last write is on the slaves, unless ``durable`` (what said so) failed."""
+        if durable is not None and (durable.cancelled() or durable.exception() is not None):
+            return
+        tx = self.open.get(tx_id)
+        if tx is not None:
+            tx.unconfirmed = False
+            return
+        ended = self._recent.get(tx_id)
+        if ended is not None and ended[ENDED_UNCONFIRMED]:
+            self._recent[tx_id] = ended_confirmed(ended)  # keeps its place (the age order)
+
     def _append_copy(
         self, tx_id: str, half: tuple[bytes, dict[str, str], int], by: Resolver, key: str
     ) -> tuple[str, int] | None:
@@ -465,8 +508,12 @@ class TxCoordinator:
         tx = parking.resume(self._store, tx_id, self.open.get(tx_id))
         self.snapshot.mark()
         durable = self._store.durable()
-        if durable is not None:
-            await durable
+        try:
+            if durable is not None:
+                await durable
+        except ReplicationTimeout:
+            self.on_prepared(tx)  # its op record stands in this master's log, as a PREPARE's
+            raise
         self.on_prepared(tx)
         return TxEndResponse(tx_id, tx.state.value, Resolver.OPERATOR.value)
 
@@ -580,6 +627,12 @@ class TxCoordinator:
         )
         self.open.clear()  # what an earlier term held is rebuilt from the log too
         self.open.update(got.open)
+        # A decision of an earlier term that its slaves were not known to hold is the log's to
+        # tell, not memory's: the term this log begins may not have it, and then the
+        # transaction is open again (above). Answered from the index when the log has it.
+        unconfirmed = [t for t, rec in self._recent.items() if rec[ENDED_UNCONFIRMED]]
+        for tx_id in unconfirmed:
+            del self._recent[tx_id]
         self.counters.update({k: v for k, v in got.counters.items() if k in self.counters})
         durable = self._store.durable()
         if durable is not None:

@@ -11,6 +11,10 @@ result; a different one is refused with TransactionConflict, whoever sends it.
 *Stalled* is not a state: a PREPARED transaction whose checks have reached no one for the stall
 time is flagged (:meth:`Tx.stalled`) and goes on being checked and resolved as any other, so
 nothing about it needs a transition, an op record or fencing; only when the run began is kept.
+
+*Unconfirmed* is not a state either: with sync replication, a PREPARE or a decision whose wait
+for the slaves timed out is in the master's log all the same, so it stands (open, or ended) and
+is flagged (``Tx.unconfirmed``) until a repeated request has seen the slaves hold it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, get_args
 
 from txbroker.errors import TransactionConflict
 from txbroker.store import record as store_record
@@ -33,12 +37,14 @@ __all__ = [
     "ENDED_KEY",
     "ENDED_RESOLVED_BY",
     "ENDED_TOPIC",
+    "ENDED_UNCONFIRMED",
     "CheckRecord",
     "Decision",
     "EndedRecord",
     "Resolver",
     "Tx",
     "TxState",
+    "ended_confirmed",
     "ended_record",
     "ended_state",
     "from_ended",
@@ -172,6 +178,10 @@ class Tx:
     resolved_by: str = ""
     resolved_ms: int = 0
     deliver_at_ms: int | None = None
+    # Its last write (the half record while open, the decision once ended) timed out waiting for
+    # the slaves (sync replication): it is in this master's log, not known to be on theirs. A
+    # repeated PREPARE or END_TX waits for them before it answers as acknowledged.
+    unconfirmed: bool = False
     # The half record's body and properties, kept while open when small (saves reading and
     # decoding it back at commit); None means read it from the log.
     half: tuple[bytes, dict[str, str], int] | None = field(default=None, repr=False)
@@ -243,6 +253,7 @@ EndedRecord: TypeAlias = tuple[
     str,  # resolved_by
     int,  # resolved_ms
     int | None,  # deliver_at_ms
+    bool,  # unconfirmed
     tuple[int | str | float, ...],  # history: at_ms, outcome, reason, seconds, at_ms, ...
 ]
 # The fields read without rebuilding the Tx: a repeated END_TX's answer, the listing's filters.
@@ -250,6 +261,9 @@ ENDED_TOPIC: Final = 0
 ENDED_KEY: Final = 5
 ENDED_COMMITTED: Final = 12
 ENDED_RESOLVED_BY: Final = 18
+ENDED_UNCONFIRMED: Final = 21
+assert get_args(EndedRecord)[ENDED_COMMITTED] is get_args(EndedRecord)[ENDED_UNCONFIRMED] is bool
+assert len(get_args(EndedRecord)) == ENDED_UNCONFIRMED + 2  # then the history, last
 
 
 def ended_record(tx: Tx) -> EndedRecord:
@@ -278,8 +292,14 @@ def ended_record(tx: Tx) -> EndedRecord:
         tx.resolved_by,
         tx.resolved_ms,
         tx.deliver_at_ms,
+        tx.unconfirmed,
         history,
     )
+
+
+def ended_confirmed(rec: EndedRecord) -> EndedRecord:
+    """``rec`` once its decision is known to be on the slaves."""
+    return (*rec[:ENDED_UNCONFIRMED], False, rec[-1])  # the history is last
 
 
 def ended_state(rec: EndedRecord) -> TxState:
@@ -310,6 +330,7 @@ def from_ended(tx_id: str, rec: EndedRecord) -> Tx:
         resolved_by,
         resolved_ms,
         deliver_at_ms,
+        unconfirmed,
         history,
     ) = rec
     tx = Tx(
@@ -335,6 +356,7 @@ def from_ended(tx_id: str, rec: EndedRecord) -> Tx:
         resolved_by,
         resolved_ms,
         deliver_at_ms,
+        unconfirmed,
     )
     if history:
         h = history
