@@ -5,6 +5,8 @@ stopped (SIGSTOP) or not.
 
 ``net`` gives a test hosts of its own, each in a Linux network namespace
 (txbroker/chaos/netns.py), for partitions that cut links rather than freeze processes.
+``spark`` is the reconciliation suite's one local session (tests/reconcile/conftest.py), for
+the partition scenarios' reconciliation.
 
 By hand the tests skip when etcd or the ``aetcd`` client is missing; with CI=true they fail
 instead (as PostgreSQL's and Chromium's fixtures do, tests/databases.py, tests/browser.py).
@@ -18,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI, free_port
+from tests.reconcile.conftest import spark, spark_jars
 from txbroker.chaos import netns
 from txbroker.chaos.netns import TestNet
 from txbroker.runtime.etcdproc import ETCD_BIN, EtcdServer
 
-__all__ = ["ETCD_BIN", "EtcdServer", "TestNet", "free_port"]
+__all__ = ["ETCD_BIN", "EtcdServer", "TestNet", "free_port", "spark", "spark_jars"]
 
 
 def _require_etcd() -> None:

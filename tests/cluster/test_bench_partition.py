@@ -1,5 +1,6 @@
 """`txbroker bench partition` end to end, as a user runs it: one partition at a tiny size with
-sync and async replication, its JSON figures consistent with one another; Ctrl-C in the middle
+sync and async replication, its JSON figures consistent with one another; the degraded
+replication link's acknowledgement latency measured; Ctrl-C in the middle
 of a run leaves no namespace and no process; a machine without etcd gets told so. And the
 table and verdicts from made-up reports: async's losses reported, not failed, sync's failed.
 """
@@ -13,11 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT, run_cli
 from txbroker.chaos.history import Report
+from txbroker.chaos.nemesis import LINK_LATENCY_S
 from txbroker.chaos.netns import run
 from txbroker.chaos.partition_bench import RunFigures, ScenarioFigures, format_partitions
 
@@ -77,10 +80,9 @@ def _interrupted(proc: subprocess.Popen[str]) -> tuple[str, str]:
         raise AssertionError(f"no exit within {STOP_BOUND_S:g} s of Ctrl-C") from None
 
 
-def test_the_figures_of_both_modes_agree_with_one_another(
-    can_make_nets: None, tmp_path: Path
-) -> None:
-    proc = _bench(*TINY, "--json", "--data-dir", str(tmp_path))
+def _json_run(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The bench's JSON, once it exited 0 within the bound and left nothing behind."""
+    proc = _bench(*args, "--json", "--data-dir", str(tmp_path))
     try:
         out, err = proc.communicate(timeout=RUN_BOUND_S)
     except subprocess.TimeoutExpired:
@@ -90,7 +92,14 @@ def test_the_figures_of_both_modes_agree_with_one_another(
     assert err == ""  # --json: no progress lines, no warnings
     assert _nets_of(proc.pid) == []
     assert list(tmp_path.iterdir()) == []  # the clusters' data removed
-    result = json.loads(out)
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def test_the_figures_of_both_modes_agree_with_one_another(
+    can_make_nets: None, tmp_path: Path
+) -> None:
+    result = _json_run(tmp_path, *TINY)
     assert result["settings"]["during_s"] == 6
     by_mode = {s["replication"]: s for s in result["scenarios"]}
     assert set(by_mode) == {"sync", "async"}
@@ -122,6 +131,25 @@ def test_the_figures_of_both_modes_agree_with_one_another(
     first, last = async_["loss_window_s"]
     assert -1.0 < first <= last <= float(TINY[3]), async_["loss_window_s"]
     assert async_["loss_window_s"] == [min(async_["each_run"][0]["report"]["lost_acked_s"]), last]
+
+
+def test_a_degraded_replication_link_shows_in_the_acknowledgement_latency(
+    can_make_nets: None, tmp_path: Path
+) -> None:
+    result = _json_run(
+        tmp_path,
+        *("--kinds", "replication-latency-loss", "--replication", "sync"),
+        *("--during-s", "4", "--before-s", "1", "--after-s", "1"),
+    )
+    (s,) = result["scenarios"]
+    assert s["clean"] is True and s["lost"] == 0 and s["acknowledged"] > 0, s
+    (run_,) = s["each_run"]
+    assert "through the proxy" in run_["what"] and "stalled as lost" in run_["what"], run_
+    # A sync acknowledgement waits for a chunk each way over the degraded link.
+    latency = s["ack_p50_p99_s"]
+    assert latency["during"][0] >= 2 * LINK_LATENCY_S, latency
+    assert latency["before"][0] < latency["during"][0] / 2, latency
+    assert latency["during"] == run_["report"]["ack_latency_s"]["during"][:2]
 
 
 def test_ctrl_c_in_a_run_leaves_no_namespace_and_no_process(
@@ -156,7 +184,13 @@ def test_an_unknown_kind_lists_the_kinds() -> None:
     assert "unknown --kinds moon; choose from isolate-master," in done.stderr
 
 
-def _report(*, lost: int = 0, duplicated: int = 0, windows: tuple[float, ...] = ()) -> Report:
+def _report(
+    *,
+    lost: int = 0,
+    duplicated: int = 0,
+    windows: tuple[float, ...] = (),
+    during: tuple[float, float, float] = (0.15, 0.3, 0.5),
+) -> Report:
     return Report(
         writes=100,
         attempts=110,
@@ -165,6 +199,7 @@ def _report(*, lost: int = 0, duplicated: int = 0, windows: tuple[float, ...] = 
         duplicated=[f"d{i}" for i in range(duplicated)],
         unavailable_s=list(windows),
         lost_acked_s=[0.25 + i for i in range(lost)],
+        ack_latency_s={"before": [0.002, 0.009, 0.01], "during": list(during)},
     )
 
 
@@ -175,19 +210,27 @@ def _scenario(mode: str, *reports: Report) -> ScenarioFigures:
 
 
 def test_async_losses_are_reported_not_failed_and_runs_pool() -> None:
-    lossy = _scenario("async", _report(lost=2, windows=(1.0, 4.0)), _report(lost=1, windows=(2.0,)))
+    lossy = _scenario(
+        "async",
+        _report(lost=2, windows=(1.0, 4.0)),
+        _report(lost=1, windows=(2.0,), during=(0.2, 0.4, 0.6)),
+    )
     assert lossy.clean
     assert lossy.as_dict()["lost"] == 3
     assert lossy.unavailable_p50_max() == (2.0, 4.0)  # over the windows of both runs
     assert lossy.loss_window() == (0.25, 1.25)
+    # The median run's p50 (the lower of two) and the highest p99.
+    assert lossy.ack_latency("during") == (0.15, 0.4)
+    assert lossy.ack_latency("after") is None
+    assert lossy.as_dict()["ack_p50_p99_s"] == {"before": [0.002, 0.009], "during": [0.15, 0.4]}
     assert not _scenario("sync", _report(lost=1)).clean
     assert not _scenario("async", _report(duplicated=1)).clean  # a fault in either mode
     failed = ScenarioFigures("halves", "sync", [RunFigures("halves", "sync", 1, 9.0, error="X")])
     assert not failed.clean
     table = format_partitions([lossy, failed]).splitlines()
     assert table[2] == (
-        "| halves | async | 200 | 190 | 3 | 0 | 0 | 0 | 0 | 2.00 / 4.00 "
+        "| halves | async | 200 | 190 | 3 | 0 | 0 | 0 | 0 | 2.00 / 4.00 | 2 / 9, 150 / 400 "
         "| acknowledged +0.25 .. +1.25 s from the cut |"
     )
-    assert table[3] == "| halves | sync | - | - | - | - | - | - | - | - | failed |"
+    assert table[3] == "| halves | sync | - | - | - | - | - | - | - | - | - | failed |"
     assert "halves, sync, run 1 (NOT CLEAN): X" in table

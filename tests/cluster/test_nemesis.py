@@ -1,14 +1,24 @@
 """The nemesis on real test hosts: a cut drops packets one way or both, between hosts or
 between a host and this process, and a heal lets them through again; and the history checker
-finds each anomaly it reports, on a history made up for it."""
+(and the transactions' checker) finds each anomaly it reports, on a history made up for it."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 from tests.cluster.conftest import TestNet
-from txbroker.chaos.history import Delivery, History, Op, Outcome, Stored, check, windows_p50_max
+from txbroker.chaos.history import (
+    Delivery,
+    History,
+    Op,
+    Outcome,
+    Stored,
+    check,
+    check_transactions,
+    windows_p50_max,
+)
 from txbroker.chaos.nemesis import Nemesis
 from txbroker.chaos.netns import Host
 
@@ -135,6 +145,53 @@ def test_the_loss_window_and_the_unavailability_come_from_acknowledgement_times(
     assert windows_p50_max([]) == (0.0, 0.0)
     history.cut_s = None  # no fault: no loss window, though the losses are reported
     assert check(history, log, [], order).loss_window() is None
+
+
+def test_acknowledgement_latency_is_told_by_when_each_attempt_began() -> None:
+    history = History()
+    history.cut_s, history.heal_s = 10.0, 20.0
+    # (invoked, completed, outcome): latency 0.01 before the cut, 0.1 to 0.3 in it, 0.02 after;
+    # a failed attempt has no latency of an acknowledgement.
+    ok = Outcome.OK
+    attempts = [(1.0, 1.01, ok), (2.0, 2.01, ok), (11.0, 11.1, ok), (12.0, 12.2, ok)]
+    attempts += [(13.0, 13.3, ok), (19.9, 20.1, ok), (15.0, 17.0, Outcome.UNKNOWN)]
+    attempts += [(21.0, 21.02, ok)]
+    for i, (invoked, completed, outcome) in enumerate(attempts):
+        history.ops.append(Op(0, f"w{i}", invoked, completed, outcome))
+    r = check(history, [], [], {})
+    # Nearest rank: the p50 of four is the second; the attempt begun before the heal and
+    # acknowledged after it is the fault's.
+    assert r.ack_latency_s == {
+        "before": [0.01, 0.01, 0.01],
+        "during": [0.2, 0.3, 0.3],
+        "after": [0.02, 0.02, 0.02],
+    }
+    assert "during 0.200 / 0.300 / 0.300" in r.summary()
+    history.cut_s = history.heal_s = None  # no fault: the whole run is "before"
+    assert list(check(history, [], [], {}).ack_latency_s) == ["before"]
+
+
+def test_the_transactions_checker_reports_each_anomaly() -> None:
+    committed = {"o1", "o2", "o3", "o4", "o5"}
+    acknowledged = {"o1", "o2", "o6"}  # o6: told committed, not in its own database
+    log = ["o1", "o2", "o2", "o3", "o5", "o7"]  # o2 twice; o4 missing; o7 never committed
+    applied = Counter({"o1": 1, "o2": 1, "o3": 2, "o8": 1})  # o5 never applied, o8 phantom
+    r = check_transactions(committed, acknowledged, log, applied, open_transactions=1)
+    assert (r.committed, r.acknowledged, r.in_log) == (5, 3, 6)
+    assert r.vanished == [
+        "o4 (not in the log)",
+        "o5 (never applied)",
+        "o6 (not in the log)",
+    ]
+    assert r.phantoms == ["o7 (in the log)", "o8 (applied)"]
+    assert r.duplicated == ["o2"]
+    assert r.applied_twice == ["o3"]
+    assert r.acknowledged_not_committed == ["o6"]
+    assert r.open == 1
+    assert r.anomalies == 9
+    assert "vanished ['o4 (not in the log)'" in r.summary()
+    clean = check_transactions({"o1"}, {"o1"}, ["o1"], Counter({"o1": 1}), 0)
+    assert clean.anomalies == 0 and clean.summary().endswith("open 0")
 
 
 def _op(history: History, p: int, w: str, outcome: Outcome):  # type: ignore[no-untyped-def]

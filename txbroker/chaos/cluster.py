@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from txbroker.chaos.netns import Host, TestNet
+from txbroker.chaos.proxy import FaultProxy
 from txbroker.cluster import connect_coordinator
 from txbroker.cluster.coordination import EventKind
 from txbroker.cluster.routes import (
@@ -139,7 +140,14 @@ class Cluster:
 
     On loopback by default; given ``net``, each of them runs on a host of its own
     (``etcd``, ``nameserver`` and each broker id), listening on and advertising that host's
-    address, on the well-known ports (each host has every port to itself)."""
+    address, on the well-known ports (each host has every port to itself).
+
+    Given ``net`` and ``proxied``, a broker's connections to another broker (replication: a
+    slave follows its master) go through a :class:`~txbroker.chaos.proxy.FaultProxy` in this
+    process, one per broker (``proxies``, by broker id), whose latency and loss are then the
+    link's: a DNAT rule in each broker's host sends what it opens to another broker's port to
+    that broker's proxy, which forwards it there. Clients, etcd and the NameServer reach the
+    brokers directly."""
 
     def __init__(
         self,
@@ -150,7 +158,10 @@ class Cluster:
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         net: TestNet | None = None,
+        proxied: bool = False,
     ) -> None:
+        if proxied and net is None:
+            raise ValueError("proxied replication links need a cluster on a TestNet")
         self.root = root
         self.groups = groups
         self.per_group = per_group
@@ -169,6 +180,9 @@ class Cluster:
         self.nameserver_host: Host | None = None
         # Every master seen registered: (group, epoch) -> broker id (who stored what).
         self.terms: dict[tuple[str, int], str] = {}
+        self._proxied = proxied
+        self.proxies: dict[str, FaultProxy] = {}  # broker id -> the proxy its peers reach it by
+        self._proxying = contextlib.AsyncExitStack()
 
     @property
     def url(self) -> str:
@@ -189,27 +203,29 @@ class Cluster:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.etcd.start)
-        for group in self.groups:
-            for i in range(self.per_group):
-                broker_id = f"{group}-{chr(ord('a') + i)}"
-                host = self.net.host(broker_id) if self.net is not None else None
-                if host is None:
-                    where: tuple[str, ...] = ("--host", "127.0.0.1")
-                    where += ("--port", str(free_port()), "--http-port", str(free_port()))
-                else:
-                    where = ("--host", host.address, "--port", str(BROKER_PORTS[0]))
-                    where += ("--http-port", str(BROKER_PORTS[1]))
-                proc = BrokerProcess(
-                    self.root / broker_id,
-                    *where,
-                    *("--group", group, "--role", "auto"),
-                    *("--coordinator", self.etcd.url, "--broker-id", broker_id),
-                    *self._extra,
-                    env=self._env,
-                    run_prefix=host.run_prefix if host is not None else (),
-                )
-                self.members.append(Member(group, broker_id, proc, host))
-                await asyncio.to_thread(proc.start)
+        ids = [(g, f"{g}-{chr(ord('a') + i)}") for g in self.groups for i in range(self.per_group)]
+        hosts = {b: self.net.host(b) for _, b in ids} if self.net is not None else {}
+        if self._proxied:
+            await self._proxy_links(hosts)
+        for group, broker_id in ids:
+            host = hosts.get(broker_id)
+            if host is None:
+                where: tuple[str, ...] = ("--host", "127.0.0.1")
+                where += ("--port", str(free_port()), "--http-port", str(free_port()))
+            else:
+                where = ("--host", host.address, "--port", str(BROKER_PORTS[0]))
+                where += ("--http-port", str(BROKER_PORTS[1]))
+            proc = BrokerProcess(
+                self.root / broker_id,
+                *where,
+                *("--group", group, "--role", "auto"),
+                *("--coordinator", self.etcd.url, "--broker-id", broker_id),
+                *self._extra,
+                env=self._env,
+                run_prefix=host.run_prefix if host is not None else (),
+            )
+            self.members.append(Member(group, broker_id, proc, host))
+            await asyncio.to_thread(proc.start)
         log = self.root / "nameserver.log"
         if self.net is None:
             ns = NameServerProcess(self.etcd.url, log, free_port())
@@ -220,6 +236,24 @@ class Cluster:
             )
         self.nameserver = await asyncio.to_thread(ns.start)
         await self._wait(lambda now: set(self.groups) <= set(now.masters()))
+
+    async def _proxy_links(self, hosts: dict[str, Host]) -> None:
+        """Before any broker starts (a connection opened before its DNAT rule would go
+        around the proxy): a proxy in front of each broker, and each other broker's host sending
+        what it opens to that broker's port to the proxy."""
+        assert self.net is not None
+        for broker_id, target in hosts.items():
+            proxy = FaultProxy(
+                BROKER_PORTS[0], target_host=target.address, listen_host=self.net.gateway
+            )
+            self.proxies[broker_id] = await self._proxying.enter_async_context(proxy)
+            to = f"{self.net.gateway}:{proxy.port}"
+            for other in hosts.values():
+                if other != target:
+                    other.iptables(
+                        *("-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", target.address),
+                        *("--dport", str(BROKER_PORTS[0]), "-j", "DNAT", "--to-destination", to),
+                    )
 
     async def stop(self) -> None:
         if self.nameserver is not None:
@@ -236,6 +270,8 @@ class Cluster:
                     m.proc.proc.send_signal(signal.SIGCONT)  # a stopped one cannot stop
             await asyncio.to_thread(m.proc.stop)
         await asyncio.to_thread(self.etcd.kill)
+        await self._proxying.aclose()
+        self.proxies.clear()
 
     def member(self, broker_id: str) -> Member:
         return next(m for m in self.members if m.broker_id == broker_id)

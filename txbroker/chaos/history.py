@@ -15,15 +15,33 @@ and what a consumer group read during the run, and reports:
 - **phantoms**: messages in the log no client ever wrote, or whose every attempt was refused;
 - **vanished**: writes a consumer received that the log no longer holds;
 - **unavailable windows**: gaps between acknowledgements longer than ``UNAVAILABLE_MIN_S``;
+- **acknowledgement latency**: each acknowledged attempt's time from invoke to acknowledgement,
+  by when it began (before the cut, during the fault, after the heal): p50, p99 and max;
 - **the loss window**: when each lost write was acknowledged, relative to the cut (with async
   replication a master acknowledges before its slaves have a write: losses are its price,
   reported there rather than failed).
+
+Two-phase traffic has a checker of its own, :func:`check_transactions`: the transactions a
+producer's database committed (and those it was told were committed) against the messages of
+their topic the log holds and the effects a consumer's database applied, once everything has
+settled. It reports:
+
+- **vanished**: transactions committed (or acknowledged to their caller) whose message the log
+  does not hold, or which no consumer applied;
+- **phantoms**: messages of the topic, or effects applied, of no committed transaction: never
+  prepared, or rolled back;
+- **duplicated** and **applied twice**: a transaction's message in the log more than once, or
+  its effect applied more than once;
+- **acknowledged, not committed**: a caller told "committed" of a transaction its own database
+  does not hold;
+- **open**: transactions the brokers still hold undecided.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
@@ -41,7 +59,10 @@ __all__ = [
     "Outcome",
     "Report",
     "Stored",
+    "TxReport",
     "check",
+    "check_transactions",
+    "quantiles",
     "windows_p50_max",
 ]
 
@@ -98,6 +119,7 @@ class History:
         self.ops: list[Op] = []
         self._t0 = time.monotonic()
         self.cut_s: float | None = None  # when the fault began (:meth:`now`): the loss window's 0
+        self.heal_s: float | None = None  # when it was healed (:meth:`now`)
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -138,6 +160,10 @@ class Report:
     # When each lost write was first acknowledged, seconds after the cut (before it: negative);
     # empty when nothing was lost or the history has no cut.
     lost_acked_s: list[float] = field(default_factory=list)
+    # Acknowledged attempts' latency in seconds, [p50, p99, max], by when the attempt began:
+    # "before" the cut (the whole run when it has none), "during" the fault, "after" the heal;
+    # a phase without an acknowledgement has none.
+    ack_latency_s: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def anomalies(self) -> int:
@@ -173,7 +199,14 @@ class Report:
             f"duplicated {len(self.duplicated)}, delivered twice {len(self.delivered_twice)}, "
             f"out of order {len(self.out_of_order)}, phantoms {len(self.phantoms)}, vanished "
             f"{len(self.vanished)}; unavailable {len(windows)} windows, p50 {median} s, max "
-            f"{longest} s; errors {dict(self.errors)}"
+            f"{longest} s; acknowledged in (p50 / p99 / max s) {self._latencies()}; "
+            f"errors {dict(self.errors)}"
+        )
+
+    def _latencies(self) -> str:
+        return ", ".join(
+            f"{phase} {' / '.join(f'{x:.3f}' for x in q)}"
+            for phase, q in self.ack_latency_s.items()
         )
 
 
@@ -230,6 +263,7 @@ def check(
     r.unavailable_s = [
         round(b - a, 3) for a, b in itertools.pairwise(oks) if b - a > UNAVAILABLE_MIN_S
     ]
+    r.ack_latency_s = _latencies(history)
     if history.cut_s is not None:
         cut_s = history.cut_s
         r.lost_acked_s = sorted(
@@ -237,6 +271,97 @@ def check(
             for w in r.lost
         )
     return r
+
+
+@dataclass
+class TxReport:
+    committed: int = 0  # transactions the producer's database committed
+    acknowledged: int = 0  # transactions whose caller was told they committed
+    in_log: int = 0  # messages of their topic in the log
+    vanished: list[str] = field(default_factory=list)
+    phantoms: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    applied_twice: list[str] = field(default_factory=list)
+    acknowledged_not_committed: list[str] = field(default_factory=list)
+    open: int = 0
+
+    @property
+    def anomalies(self) -> int:
+        return self.open + sum(
+            len(x)
+            for x in (
+                self.vanished,
+                self.phantoms,
+                self.duplicated,
+                self.applied_twice,
+                self.acknowledged_not_committed,
+            )
+        )
+
+    def summary(self) -> str:
+        return (
+            f"{self.committed} transactions committed ({self.acknowledged} acknowledged), "
+            f"{self.in_log} in the log; vanished {len(self.vanished)}, phantoms "
+            f"{len(self.phantoms)}, duplicated {len(self.duplicated)}, applied twice "
+            f"{len(self.applied_twice)}, acknowledged not committed "
+            f"{len(self.acknowledged_not_committed)}, open {self.open}"
+            + (f": {self.examples()}" if self.anomalies else "")
+        )
+
+    def examples(self, n: int = 5) -> str:
+        found = {
+            "vanished": self.vanished,
+            "phantoms": self.phantoms,
+            "duplicated": self.duplicated,
+            "applied twice": self.applied_twice,
+            "acknowledged not committed": self.acknowledged_not_committed,
+        }
+        return "; ".join(f"{what} {ids[:n]}" for what, ids in found.items() if ids)
+
+
+def check_transactions(
+    committed: Iterable[str],
+    acknowledged: Iterable[str],
+    log: Iterable[str],
+    applied: Counter[str],
+    open_transactions: int,
+) -> TxReport:
+    """The report of settled two-phase traffic, each transaction named by its message's id
+    (here: the order id it carries): ``committed`` by the producer's database, ``acknowledged``
+    to the producer's callers, its messages as ``log`` holds them (one entry per copy), its
+    effects as ``applied`` counts them, and the transactions the brokers hold open."""
+    done, told = set(committed), set(acknowledged)
+    in_log = Counter(log)
+    r = TxReport(len(done), len(told), sum(in_log.values()), open=open_transactions)
+    r.vanished = sorted(
+        [f"{t} (not in the log)" for t in (done | told) - set(in_log)]
+        + [f"{t} (never applied)" for t in (done | told) & set(in_log) - set(applied)]
+    )
+    r.phantoms = sorted(
+        [f"{t} (in the log)" for t in set(in_log) - done]
+        + [f"{t} (applied)" for t in set(applied) - done]
+    )
+    r.duplicated = sorted(t for t, n in in_log.items() if n > 1)
+    r.applied_twice = sorted(t for t, n in applied.items() if n > 1)
+    r.acknowledged_not_committed = sorted(told - done)
+    return r
+
+
+def _latencies(history: History) -> dict[str, list[float]]:
+    cut = history.cut_s if history.cut_s is not None else float("inf")
+    heal = history.heal_s if history.heal_s is not None else float("inf")
+    phases: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+    for o in history.ops:
+        if o.outcome is Outcome.OK:
+            phase = "before" if o.invoke_s < cut else "during" if o.invoke_s < heal else "after"
+            phases[phase].append(o.complete_s - o.invoke_s)
+    return {phase: quantiles(took) for phase, took in phases.items() if took}
+
+
+def quantiles(samples: Iterable[float]) -> list[float]:
+    """[p50, p99, max] of ``samples`` (nearest rank), rounded to the microsecond."""
+    s = sorted(samples)
+    return [round(s[min(len(s) - 1, math.ceil(q * len(s)) - 1)], 6) for q in (0.5, 0.99, 1.0)]
 
 
 def windows_p50_max(windows: Iterable[float]) -> tuple[float, float]:

@@ -11,6 +11,9 @@ Connections already open are cut as well as new ones.
 This process (the test's clients) is :attr:`Nemesis.client`, a host without a namespace of its
 own: rules about it go into the other end's namespace, never the machine's.
 
+Latency and loss need a link through a :class:`~txbroker.chaos.proxy.FaultProxy` (the kernel
+has no netem): :meth:`Nemesis.degrade` sets a proxy's, and :meth:`Nemesis.heal` sets it back.
+
 :data:`PARTITIONS` names the partitions the scenarios apply to a broker group
 (:class:`GroupHosts`): each returns what it cut, for the report.
 """
@@ -24,12 +27,17 @@ from dataclasses import dataclass
 from typing import Final
 
 from txbroker.chaos.netns import Host, TestNet
+from txbroker.chaos.proxy import LOSS_STALL_S, FaultProxy
 
-__all__ = ["PARTITIONS", "GroupHosts", "Nemesis"]
+__all__ = ["LINK_LATENCY_S", "LINK_LOSS", "PARTITIONS", "PROXIED", "GroupHosts", "Nemesis"]
 
 # How often a flapping link changes state: long enough for a TCP handshake and a request to get
 # through while it is up, short enough that a 3 s lease sees it down and up within one TTL.
 FLAP_PERIOD_S: Final = 2.0
+# A degraded replication link: a WAN's latency each way, and 1% of its segments lost (each a
+# stall of a retransmission timeout, txbroker/chaos/proxy.py).
+LINK_LATENCY_S: Final = 0.05
+LINK_LOSS: Final = 0.01
 
 
 class Nemesis:
@@ -40,6 +48,7 @@ class Nemesis:
         self.client = Host("client", "", net.gateway)
         self.cuts: list[tuple[str, str]] = []  # (from, to) of every one-way cut in force
         self._touched: set[Host] = set()
+        self._degraded: set[FaultProxy] = set()
 
     def cut(self, a: Host, b: Host, *, one_way: bool = False) -> None:
         """Packets from ``a`` to ``b`` vanish, and (unless ``one_way``) from ``b`` to ``a``."""
@@ -62,13 +71,23 @@ class Nemesis:
             for b in others:
                 self.cut(a, b)
 
+    def degrade(self, link: FaultProxy, latency_s: float, loss: float) -> None:
+        """Every chunk through ``link`` (both ways) delayed ``latency_s``, and segments lost
+        with probability ``loss``, until :meth:`heal`."""
+        link.latency_s, link.loss = latency_s, loss
+        self._degraded.add(link)
+
     def heal(self) -> None:
-        """Every cut removed (the filter rules of each host touched are flushed)."""
+        """Every cut removed (the filter rules of each host touched are flushed), every
+        degraded link whole again."""
         for host in self._touched:
             host.iptables("-F", "INPUT")
             host.iptables("-F", "OUTPUT")
         self._touched.clear()
         self.cuts.clear()
+        for link in self._degraded:
+            link.latency_s, link.loss = 0.0, 0.0
+        self._degraded.clear()
 
     @contextlib.asynccontextmanager
     async def flapping(
@@ -114,6 +133,9 @@ class GroupHosts:
     slaves: tuple[Host, ...]
     etcd: Host
     client: Host
+    # The proxy the slaves reach the master through, in a cluster whose replication links
+    # are proxied (txbroker/chaos/cluster.py); None in others.
+    master_link: FaultProxy | None = None
 
 
 def _isolate_master(n: Nemesis, g: GroupHosts) -> str:
@@ -151,6 +173,17 @@ def _master_to_slaves_one_way(n: Nemesis, g: GroupHosts) -> str:
     return f"{g.master.name}'s packets to its slaves vanish (one way)"
 
 
+def _replication_latency_loss(n: Nemesis, g: GroupHosts) -> str:
+    if g.master_link is None:
+        raise ValueError("replication-latency-loss needs a cluster with proxied links")
+    n.degrade(g.master_link, LINK_LATENCY_S, LINK_LOSS)
+    return (
+        f"the slaves' replication link to {g.master.name} through the proxy: "
+        f"{LINK_LATENCY_S * 1000:.0f} ms each way, {LINK_LOSS:.0%} of segments lost (each a "
+        f"{LOSS_STALL_S * 1000:.0f} ms stall)"
+    )
+
+
 PARTITIONS: Final[dict[str, Callable[[Nemesis, GroupHosts], str]]] = {
     "isolate-master": _isolate_master,
     "master-etcd": _master_from_etcd,
@@ -158,4 +191,7 @@ PARTITIONS: Final[dict[str, Callable[[Nemesis, GroupHosts], str]]] = {
     "client-master": _client_from_master,
     "halves": _halves,
     "master-slaves-one-way": _master_to_slaves_one_way,
+    "replication-latency-loss": _replication_latency_loss,
 }
+# The kinds whose cluster needs its replication links proxied.
+PROXIED: Final = frozenset({"replication-latency-loss"})

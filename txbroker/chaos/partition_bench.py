@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import shutil
 import signal
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -99,6 +100,15 @@ class ScenarioFigures:
     def unavailable_p50_max(self) -> tuple[float, float]:
         return windows_p50_max(w for r in self.reports for w in r.unavailable_s)
 
+    def ack_latency(self, phase: str) -> tuple[float, float] | None:
+        """Acknowledgement latency of attempts begun in ``phase`` ("before", "during",
+        "after"), seconds: the median run's p50 and the highest run's p99; None when no run
+        had an acknowledgement then."""
+        got = [r.ack_latency_s[phase] for r in self.reports if phase in r.ack_latency_s]
+        if not got:
+            return None
+        return statistics.median_low(q[0] for q in got), max(q[1] for q in got)
+
     def loss_window(self) -> tuple[float, float] | None:
         """Seconds after the cut of the first and the last acknowledgement of a lost write."""
         acked = [t for r in self.reports for t in r.lost_acked_s]
@@ -130,6 +140,11 @@ class ScenarioFigures:
             "unavailable_p50_s": p50,
             "unavailable_max_s": longest,
             "loss_window_s": list(window) if window else None,
+            "ack_p50_p99_s": {
+                phase: list(q)
+                for phase in ("before", "during", "after")
+                if (q := self.ack_latency(phase)) is not None
+            },
             "clean": self.clean,
             "each_run": [_run_dict(r) for r in self.runs],
         }
@@ -176,7 +191,7 @@ async def _one_run(bench: PartitionBench, kind: str, mode: str, i: int, where: P
     t0 = time.monotonic()
     try:
         with TestNet() as net:
-            async with partition_cluster(where, net, mode) as cluster:
+            async with partition_cluster(where, net, mode, kind=kind) as cluster:
                 report, what = await run_partition(cluster, Nemesis(net), kind, bench.timing)
     except Exception as e:  # a failed run is a figure: which run, and why
         task = asyncio.current_task()
@@ -224,6 +239,7 @@ HEADERS: Final = (
     "phantoms",
     "vanished",
     "unavailable s p50 / max",
+    "ack ms p50 / p99 before, in the fault",
     "loss window",
 )
 
@@ -260,10 +276,15 @@ def _rows(results: list[ScenarioFigures]) -> list[list[str]]:
                 s.replication,
                 *(f"{d[k]:,}" for k in _COUNTS),
                 f"{d['unavailable_p50_s']:.2f} / {d['unavailable_max_s']:.2f}",
+                f"{_ms(s.ack_latency('before'))}, {_ms(s.ack_latency('during'))}",
                 loss,
             ]
         )
     return out
+
+
+def _ms(q: tuple[float, float] | None) -> str:
+    return "-" if q is None else f"{q[0] * 1000:.0f} / {q[1] * 1000:.0f}"
 
 
 def format_partitions(results: list[ScenarioFigures]) -> str:

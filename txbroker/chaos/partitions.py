@@ -22,7 +22,7 @@ from typing import Final
 
 from txbroker.chaos.cluster import Cluster
 from txbroker.chaos.history import Delivery, History, Outcome, Report, Stored, check
-from txbroker.chaos.nemesis import PARTITIONS, GroupHosts, Nemesis
+from txbroker.chaos.nemesis import PARTITIONS, PROXIED, GroupHosts, Nemesis
 from txbroker.chaos.netns import TestNet
 from txbroker.cluster.election import DEFAULT_TTL_S
 from txbroker.errors import TxbError
@@ -35,9 +35,13 @@ __all__ = [
     "FAILOVER_BOUND_S",
     "FLAP",
     "GROUP",
+    "GROUP_WHOLE_S",
+    "REQUEST_TIMEOUT_S",
     "TOPIC",
     "Timing",
+    "group_hosts",
     "partition_cluster",
+    "read_back",
     "run_partition",
 ]
 
@@ -72,16 +76,25 @@ class Timing:
 
 
 @contextlib.asynccontextmanager
-async def partition_cluster(root: Path, net: TestNet, replication: str) -> AsyncIterator[Cluster]:
-    """g1: three --role auto brokers with ``replication``, etcd and a NameServer on ``net``;
-    TOPIC created."""
+async def partition_cluster(
+    root: Path,
+    net: TestNet,
+    replication: str,
+    *,
+    kind: str = "",
+    extra: tuple[str, ...] = (),
+) -> AsyncIterator[Cluster]:
+    """g1: three --role auto brokers with ``replication`` (and ``extra``), etcd and a
+    NameServer on ``net``; TOPIC created. For a ``kind`` of PROXIED the brokers' links to one
+    another go through proxies (:class:`~txbroker.chaos.cluster.Cluster`'s ``proxied``)."""
     async with Cluster(
         root,
         groups=(GROUP,),
         per_group=3,
-        extra=("--replication", replication, "--segment-mib", "8"),
+        extra=("--replication", replication, "--segment-mib", "8", *extra),
         env={"TXB_INDEX_CAPACITY": "65536"},
         net=net,
+        proxied=kind in PROXIED,
     ) as cluster:
         await cluster.create_topic(TOPIC, QUEUES)
         yield cluster
@@ -96,6 +109,7 @@ async def group_hosts(cluster: Cluster, nemesis: Nemesis) -> GroupHosts:
         slaves=tuple(h for b, h in sorted(hosts.items()) if b != master_id),
         etcd=cluster.etcd_host,
         client=nemesis.client,
+        master_link=cluster.proxies.get(master_id),
     )
 
 
@@ -163,6 +177,7 @@ async def run_partition(
                 await _running(tasks, timing.during_s)
             finally:
                 nemesis.heal()
+        history.heal_s = history.now()
         healed.set()
         healed_at = time.monotonic()
         async with asyncio.timeout(GROUP_WHOLE_S):
@@ -177,6 +192,9 @@ async def run_partition(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if hosts.master_link is not None:
+        link = hosts.master_link
+        what += f"; {link.stalls} of {link.degraded} chunks through it stalled as lost"
     what += f"; acknowledging again {acked_since[0] - healed_at:.2f} s after the heal"
     await cluster.wait_members(GROUP, timeout_s=GROUP_WHOLE_S)
     acked = sum(1 for o in history.ops if o.outcome is Outcome.OK)
@@ -192,15 +210,15 @@ async def _running(tasks: list[asyncio.Task[None]], seconds: float) -> None:
         raise AssertionError("a writer or the consumer ended before the run did")
 
 
-async def read_back(cluster: Cluster, at_least: int) -> list[Stored]:
-    """Every message of TOPIC at the group's master, by a consumer group of its own from the
-    start: until a fetch finds no more and either ``at_least`` came or every queue was read to
-    its end at the master (bounded; what is missing then is the checker's to report)."""
+async def read_back(cluster: Cluster, at_least: int, topic: str = TOPIC) -> list[Stored]:
+    """Every message of ``topic`` at the group's master, by a consumer group of its own from
+    the start: until a fetch finds no more and either ``at_least`` came or every queue was read
+    to its end at the master (bounded; what is missing then is the checker's to report)."""
     got: list[Stored] = []
     group = f"{CHECKER_GROUP}-{uuid.uuid4().hex[:8]}"
     async with (
         await Client.connect(cluster.url, timeout_s=5) as c,
-        Consumer(c, group, TOPIC, hold_ms=300) as cons,
+        Consumer(c, group, topic, hold_ms=300) as cons,
     ):
         try:
             async with asyncio.timeout(READ_BOUND_S):
@@ -213,7 +231,7 @@ async def read_back(cluster: Cluster, at_least: int) -> list[Stored]:
                         )
                         got.append(stored)
                         m.ack()
-                    if not batch and (len(got) >= at_least or await _at_end(cons, cluster)):
+                    if not batch and (len(got) >= at_least or await _at_end(cons, cluster, topic)):
                         return got  # the checker tells any acknowledged write not read
         except TimeoutError:
             ends: dict[int, int] = {}
@@ -222,22 +240,22 @@ async def read_back(cluster: Cluster, at_least: int) -> list[Stored]:
             raise AssertionError(
                 f"read back {len(got)} messages of at least {at_least} acknowledged within "
                 f"{READ_BOUND_S:g} s; the last offset read per queue: {ends}; "
-                f"{await _where(cluster, group)}"
+                f"{await _where(cluster, group, topic)}"
             ) from None
 
 
-async def _at_end(cons: Consumer, cluster: Cluster) -> bool:
-    """Whether ``cons``'s group has read every queue of TOPIC to its end at the master."""
+async def _at_end(cons: Consumer, cluster: Cluster, topic: str) -> bool:
+    """Whether ``cons``'s group has read every queue of ``topic`` to its end at the master."""
     await cons.commit()
     async with Client(
         (await cluster.masters())[GROUP].address, timeout_s=5, connect_deadline_s=0
     ) as c:
-        res = await c.request(Opcode.OFFSETS, GroupsRequest(cons.group, TOPIC))
+        res = await c.request(Opcode.OFFSETS, GroupsRequest(cons.group, topic))
     queues = [q for g in res.groups for q in g.queues]
     return bool(queues) and all(q.committed >= q.max_offset for q in queues)
 
 
-async def _where(cluster: Cluster, group: str) -> str:
+async def _where(cluster: Cluster, group: str, topic: str) -> str:
     """Each broker's role, its queues' ends and ``group``'s view there: what a failed read
     back needs to be told apart (a message missing, or a queue not assigned or not readable)."""
     seen = []
@@ -245,7 +263,7 @@ async def _where(cluster: Cluster, group: str) -> str:
     for m in cluster.members:
         try:
             async with Client(m.proc.url, timeout_s=2, connect_deadline_s=0) as c:
-                res = await c.request(Opcode.OFFSETS, GroupsRequest(group, TOPIC))
+                res = await c.request(Opcode.OFFSETS, GroupsRequest(group, topic))
                 info = str(
                     [
                         (g.members, [(q.queue, q.max_offset, q.committed) for q in g.queues])

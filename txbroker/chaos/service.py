@@ -76,17 +76,20 @@ async def create_tables(engine: AsyncEngine) -> None:
 async def orders(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """Places orders with ``@transactional`` on ``orders`` (the order row, the barrier and an
     ``audit`` outbox row in one database transaction), relays its outbox, and answers the broker's
-    back-checks on ``--port`` (a fixed port: the broker knows the URL of every half message, so a
-    restarted service must answer at the same one). Prints ``placed ID`` once a ``@transactional``
+    back-checks on ``--host``:``--port`` (a fixed port: the broker knows the URL of every half
+    message, so a restarted service must answer at the same one; the host is the address the
+    brokers reach this one by). Prints ``placed ID`` once a ``@transactional``
     call returned, flushed at once, so the campaign knows what the service saw committed before it
     died. Stops placing on SIGUSR1 (and prints ``DONE``) but goes on relaying and answering
     back-checks, so the campaign can let everything settle.
     """
     engine = create_engine(args.db)
-    check_url = f"http://127.0.0.1:{args.port}{CHECK_PATH}"
+    check_url = f"http://{args.host}:{args.port}{CHECK_PATH}"
     endpoint = CheckbackEndpoint(BarrierResolver(engine), {GROUP: args.secret})
     http = HttpServer(
-        Starlette(routes=[Route(CHECK_PATH, endpoint, methods=["POST"])]), port=args.port
+        Starlette(routes=[Route(CHECK_PATH, endpoint, methods=["POST"])]),
+        host=args.host,
+        port=args.port,
     )
     try:
         await create_tables(engine)
@@ -171,6 +174,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("role", choices=["orders", "billing"])
     p.add_argument("--db", required=True, help="the service's database URL")
     p.add_argument("--broker", required=True, help="txb://host:port, or txbns://host:port,...")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="orders: the check-back endpoint's address, as the brokers reach it",
+    )
     p.add_argument("--port", type=int, default=0, help="orders: the check-back endpoint's port")
     p.add_argument("--secret", default="", help="orders: the producer group's check secret")
     p.add_argument("--orders", type=int, default=1_000_000, help="orders: how many to place")

@@ -30,7 +30,7 @@ from txbroker.chaos.figures import Figures
 from txbroker.chaos.pgserver import PrivatePostgres
 from txbroker.chaos.procs import Child, Progress, free_port
 from txbroker.chaos.proxy import FaultProxy
-from txbroker.chaos.service import EFFECTS, GROUP, ORDERS_TABLE, PLAIN, SUBSCRIPTIONS
+from txbroker.chaos.service import EFFECTS, GROUP, ORDERS, ORDERS_TABLE, PLAIN, SUBSCRIPTIONS
 from txbroker.errors import StoreFailed, TxbError
 from txbroker.runtime.brokerproc import BrokerProcess
 from txbroker_sdk import Client
@@ -70,6 +70,9 @@ class WorldSpec:
     broker_extra: tuple[str, ...] = ()
     broker_port: int = 0  # 0: a free one
     service_url: str = ""  # what the services and the producer use (default: the broker's)
+    # Where the orders service answers back-checks: an address of this machine the brokers
+    # reach (a test net's gateway when they run on test hosts).
+    service_host: str = "127.0.0.1"
     proxy: FaultProxy | None = None  # the network-faults scenario's
     postgres: PrivatePostgres | None = None  # the database-restart scenario's
     disk: Path | None = None  # the disk-full scenario's small filesystem
@@ -154,7 +157,10 @@ class World:
             await self.billing.start()
             self.orders = self._child(
                 "orders",
-                ["--db", self.orders_url, "--port", str(free_port()), "--secret", SECRET],
+                [
+                    *("--db", self.orders_url, "--host", self.spec.service_host),
+                    *("--port", str(free_port()), "--secret", SECRET),
+                ],
             )
             await self.orders.start(extra=self.orders_prefix())
             self._producers = [asyncio.create_task(self._produce()) for _ in range(PRODUCERS)]
@@ -281,6 +287,22 @@ class World:
                 sa.select(EFFECTS.c.ref, sa.func.count()).group_by(EFFECTS.c.ref)
             )
             return Counter({ref: n for ref, n in rows.all()})
+
+    async def orders_outcome(self) -> tuple[set[str], Counter[str]]:
+        """The orders the orders database committed, and how many times the billing database
+        applied each order's message (both by order id)."""
+        orders = create_engine(self.orders_url)
+        billing = create_engine(self.billing_url)
+        try:
+            committed, _ = await self._expected(orders)
+            applied = await self._applied(billing)
+        finally:
+            await orders.dispose()
+            await billing.dispose()
+        prefix = f"{ORDERS}:"
+        return committed, Counter(
+            {ref[len(prefix) :]: n for ref, n in applied.items() if ref.startswith(prefix)}
+        )
 
     def expected_refs(self, committed: set[str], audits: set[str]) -> set[str]:
         return (

@@ -27,9 +27,11 @@ def register_partition(bsub: Any) -> None:
         description=(
             "Each partition scenario on a fresh cluster (a group of three --role auto brokers, "
             "etcd and a NameServer, each in a network namespace of its own): writers and a "
-            "consumer group load it through the NameServer, links are cut by rule for "
-            "--during-s, healed, and the history of every operation is checked against what "
-            "the group holds. With async replication acknowledged writes may be lost: their "
+            "consumer group load it through the NameServer, links are cut by rule (or, "
+            "replication-latency-loss, the replication link slowed and made lossy through a "
+            "proxy) for --during-s, healed, and the history of every operation is checked "
+            "against what the group holds; acknowledgement latency is measured before and "
+            "during the fault. With async replication acknowledged writes may be lost: their "
             "number and when they were acknowledged are reported. Needs root, iproute2, "
             "iptables and Debian's etcd-server."
         ),
