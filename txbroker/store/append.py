@@ -48,14 +48,34 @@ _HEADER_BYTES: Final = HEADER.size
 _Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], bytes, str]
 
 
-class AppendResult(msgspec.Struct, frozen=True, gc=False):
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    size: int
-    message_id: str
-    store_timestamp_ms: int
+class AppendResult:
+    """Where a message was appended. A plain class, not a ``msgspec.Struct``: compiled, making
+    one is a C call with its fields stored unboxed where they can be, and one is made per message;
+    a ``Struct`` stays a Python class whose construction goes through Python's call machinery."""
+
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        physical_offset: int,
+        size: int,
+        message_id: str,
+        store_timestamp_ms: int,
+    ) -> None:
+        self.topic: Final = topic
+        self.queue_id: Final = queue_id
+        self.queue_offset: Final = queue_offset
+        self.physical_offset: Final = physical_offset
+        self.size: Final = size
+        self.message_id: Final = message_id
+        self.store_timestamp_ms: Final = store_timestamp_ms
+
+    def __repr__(self) -> str:
+        return (
+            f"AppendResult({self.topic!r}, queue_id={self.queue_id}, "
+            f"queue_offset={self.queue_offset}, physical_offset={self.physical_offset})"
+        )
 
 
 def index_record(

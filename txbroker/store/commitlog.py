@@ -30,7 +30,7 @@ from txbroker.store.record import (
     StoredMessage,
     check_record,
     decode_record,
-    encode_record,
+    encode_record_parts,
 )
 
 __all__ = ["CommitLog", "ScanEnd", "ScannedRecord", "read_log_files"]
@@ -240,13 +240,15 @@ class CommitLog:
         if self.write_pos + size > active.base + active.size:
             active = self._roll(active)
         phys = self.write_pos
-        data = encode_record(
+        prefix, rest = encode_record_parts(
             topic_bytes, props, body, flags, queue_id, queue_offset, phys, born_ms, store_ms
         )
         if self.buffered:
-            self._buf += data
+            buf = self._buf
+            buf += prefix
+            buf += rest
         else:
-            _pwrite_all(active.fd, data, phys - active.base)
+            _pwrite_all(active.fd, prefix + rest, phys - active.base)
         self.write_pos = phys + size
         self.records += 1
         return phys, size
