@@ -3,6 +3,7 @@ forked child."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -25,9 +26,9 @@ def test_ids_are_uuid7_hex_with_their_time() -> None:
     assert times == sorted(times)
     # The low 62 bits are the process's random number plus the counter: consecutive ids count up.
     lows = [int(i, 16) & ((1 << 62) - 1) for i in ids]
-    assert all((b - a) % (1 << 62) == 1 for a, b in zip(lows, lows[1:], strict=False))
+    assert all((b - a) % (1 << 62) == 1 for a, b in itertools.pairwise(lows))
     counters = [int(i[13:16], 16) for i in ids]
-    assert all((b - a) % 4096 == 1 for a, b in zip(counters, counters[1:], strict=False))
+    assert all((b - a) % 4096 == 1 for a, b in itertools.pairwise(counters))
 
 
 def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:

@@ -42,7 +42,9 @@ class _Source:
 
 
 _SOURCE: Final = _Source()
-os.register_at_fork(after_in_child=_SOURCE.reseed)  # a forked child must not repeat its parent's ids
+os.register_at_fork(
+    after_in_child=_SOURCE.reseed
+)  # a forked child must not repeat its parent's ids
 
 
 def new_id() -> str:

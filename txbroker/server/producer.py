@@ -203,7 +203,7 @@ class Producer:
             props[PROP_IDEMPOTENCY_KEY] = ik
         if req.message_id is not None:
             props[PROP_MESSAGE_ID] = req.message_id
-        return Message(topic.name, req.body, qid, props)
+        return Message(topic.name, req.body, queue_id=qid, properties=props)
 
     def schedule(self, msg: Message, deliver_at_ms: int) -> Message:
         if self._scheduler is None:

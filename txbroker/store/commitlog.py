@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 NAME_DIGITS: Final = 20
 _ZERO_CHUNK: Final = bytes(1 << 20)
 _MAGIC_BYTES: Final = MAGIC_MESSAGE.to_bytes(4, "little")
+_HEADER_BYTES: Final = HEADER.size
 
 
 class ScannedRecord(NamedTuple):
@@ -236,7 +237,7 @@ class CommitLog:
     ) -> tuple[int, int]:
         """Write one record at the end of the log; return (physical offset, size)."""
         active = self.segments[-1]
-        size = HEADER.size + len(topic_bytes) + len(props) + len(body)
+        size = _HEADER_BYTES + len(topic_bytes) + len(props) + len(body)
         if self.write_pos + size > active.base + active.size:
             active = self._roll(active)
         phys = self.write_pos
