@@ -26,6 +26,10 @@ _ID: Final = struct.Struct(
     "I"  # the low 32 unique bits
 )
 assert _ID.size == 16
+# Bound once: compiled, a Final is a constant, where ``_ID.pack`` and ``time.time_ns`` are
+# attribute lookups at every call.
+_pack_id: Final = _ID.pack
+_time_ns: Final = time.time_ns
 
 
 class _Source:
@@ -55,10 +59,10 @@ def new_id() -> str:
     unique across processes with the probability of two 62-bit random draws colliding."""
     src = _SOURCE
     n: int = next(src.seq)  # atomic under the GIL
-    ms = time.time_ns() // 1_000_000
+    ms = _time_ns() // 1_000_000
     unique = (src.node + n) & _MASK62
     high = (ms << 16) | 0x7000 | (n & 0xFFF)
-    return _ID.pack(high, 0x8000_0000 | (unique >> 32), unique & 0xFFFF_FFFF).hex()
+    return _pack_id(high, 0x8000_0000 | (unique >> 32), unique & 0xFFFF_FFFF).hex()
 
 
 def id_time_ms(identifier: str) -> int:

@@ -120,6 +120,7 @@ class RecordFlag(enum.IntFlag):
 
 _props_encoder = msgspec.msgpack.Encoder()
 _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
+_encode_props: Final = _props_encoder.encode
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
@@ -129,7 +130,7 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     for k, v in given.items():
         if type(k) is not str or type(v) is not str:
             raise InvalidArgument(f"properties must map str to str, got {k!r}: {v!r}")
-    data = _props_encoder.encode(properties)
+    data = _encode_props(properties)
     if len(data) > MAX_PROPERTIES_BYTES:
         raise MessageTooLarge(
             f"properties take {len(data)} bytes encoded; the limit is {MAX_PROPERTIES_BYTES}"
