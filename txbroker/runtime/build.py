@@ -18,8 +18,9 @@ from typing import Final
 __all__ = ["BUILD", "COMPILED_MODULES", "Build", "detect"]
 
 # The per-message path, chosen by profile (docs/benchmarks.md, "Compiled hot path"): the frame
-# codec, the record encoding with its CRC, the consume-queue and key-index entries, and the SDK's
-# request encoding and receipt decoding; and the HTTP API's publish path past the ASGI layers (the
+# codec, the record encoding with its CRC, the consume-queue and key-index entries, the files
+# they are written to, the store's append entry and its lifecycle check, and the SDK's request
+# encoding and receipt decoding; and the HTTP API's publish path past the ASGI layers (the
 # direct request, its endpoint and the body's decoding; not guard.py, whose endpoints Starlette
 # must see as functions).
 COMPILED_MODULES: Final[tuple[str, ...]] = (
@@ -28,9 +29,12 @@ COMPILED_MODULES: Final[tuple[str, ...]] = (
     "txbroker.store.record",
     "txbroker.store.consumequeue",
     "txbroker.store.keyindex",
+    "txbroker.store.mapped",
     "txbroker.store.commitlog",
     "txbroker.store.append",
     "txbroker.store.flush",
+    "txbroker.store.state",
+    "txbroker.store.store",
     "txbroker.server.producer",
     "txbroker.server.handlers",
     "txbroker.server.connection",

@@ -15,7 +15,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from txbroker.errors import (
@@ -46,9 +45,14 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Any]
 
 _RESULT: Final[Any] = object()  # Deferred.answer: the answer is ``when``'s result
+# What every request's path compares with, as plain ints: compiled, a Final int is a constant,
+# where reading an enum's member goes through its class's attribute lookup (hundreds of
+# instructions a time).
+_REQUEST: Final = int(FrameKind.REQUEST)
+_RESPONSE: Final = int(FrameKind.RESPONSE)
+_HELLO: Final = int(Opcode.HELLO)
 
 
-@dataclass(frozen=True, slots=True)
 class Deferred:
     """An answer settled later: sent once ``when`` resolves, or an error frame if it fails.
 
@@ -56,11 +60,17 @@ class Deferred:
     is durable); by default the body is ``when``'s result. A ``shared`` future (a group commit
     many requests wait for) is never cancelled here; a request's own (a task, a transaction's
     answer) is cancelled when its connection is lost: the answer goes, the outcome stays.
+
+    A plain class, made once per deferred request: compiled, its construction is a C call,
+    where a frozen dataclass's ``__init__`` runs as Python code.
     """
 
-    when: asyncio.Future[Any]
-    answer: Any = _RESULT
-    shared: bool = False
+    __slots__ = ("answer", "shared", "when")
+
+    def __init__(self, when: asyncio.Future[Any], answer: Any = _RESULT, shared: bool = False):
+        self.when: Final = when
+        self.answer: Final = answer
+        self.shared: Final = shared
 
 
 def later(coro: Coroutine[Any, Any, Any]) -> Deferred:
@@ -207,10 +217,10 @@ class Connection(asyncio.Protocol):
     # --- requests ---
 
     def _dispatch(self, frame: Frame) -> None:
-        if frame.kind != FrameKind.REQUEST:
+        if frame.kind != _REQUEST:
             self._fatal(ProtocolError(f"clients send requests, not frame kind {frame.kind}"))
             return
-        if frame.opcode == Opcode.HELLO:
+        if frame.opcode == _HELLO:
             self._on_hello(frame)
             return
         who = self._principal
@@ -328,7 +338,7 @@ class Connection(asyncio.Protocol):
         # Encoded inside the error handling: an answer too large for a frame is answered as
         # FRAME_TOO_LARGE instead of never.
         try:
-            out = encode_frame(FrameKind.RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
+            out = encode_frame(_RESPONSE, frame.opcode, frame.corr_id, encode_body(result))
         except Exception as e:
             self._reply_failure(frame, e)
             return

@@ -174,33 +174,33 @@ class Producer:
     # --- the transaction coordinator's Publishing port (txbroker.tx.ports) ---
 
     def to_message(self, req: SendRequest) -> Message:
-        if req.topic.startswith(SYSTEM_PREFIX):  # internal topics are the broker's own
-            raise InvalidName(f"topic {req.topic!r} is reserved for the broker (leading '%')")
-        topic = self._topics.get(req.topic)  # the name's one check: known, or why not
-        for name, value in (
-            ("key", req.key),
-            ("tags", req.tags),
-            ("idempotency_key", req.idempotency_key),
-        ):
-            if value is not None and (
-                not value or len(value.encode()) > MAX_KEY_BYTES or " " in value
-            ):
-                raise InvalidArgument(f"{name} must be 1-{MAX_KEY_BYTES} bytes with no spaces")
-        if req.queue_id is not None:
-            if not 0 <= req.queue_id < topic.queues:
-                raise InvalidArgument(f"queue {req.queue_id} does not exist in {topic.name!r}")
-            qid = req.queue_id
-        elif req.key is not None:
-            qid = queue_for_key(req.key, topic.queues)
+        name = req.topic
+        if name.startswith(SYSTEM_PREFIX):  # internal topics are the broker's own
+            raise InvalidName(f"topic {name!r} is reserved for the broker (leading '%')")
+        topic = self._topics.get(name)  # the name's one check: known, or why not
+        key, tags, ik = req.key, req.tags, req.idempotency_key
+        if key is not None:
+            _check_identifier("key", key)
+        if tags is not None:
+            _check_identifier("tags", tags)
+        if ik is not None:
+            _check_identifier("idempotency_key", ik)
+        qid = req.queue_id
+        if qid is not None:
+            if not 0 <= qid < topic.queues:
+                raise InvalidArgument(f"queue {qid} does not exist in {topic.name!r}")
+        elif key is not None:
+            qid = queue_for_key(key, topic.queues)
         else:
             qid = next(self._rr) % topic.queues
-        props = {HEADER_PREFIX + k: v for k, v in req.headers.items()}
-        if req.key is not None:
-            props[PROP_KEYS] = req.key
-        if req.tags is not None:
-            props[PROP_TAGS] = req.tags
-        if req.idempotency_key is not None:
-            props[PROP_IDEMPOTENCY_KEY] = req.idempotency_key
+        headers = req.headers
+        props = {HEADER_PREFIX + k: v for k, v in headers.items()} if headers else {}
+        if key is not None:
+            props[PROP_KEYS] = key
+        if tags is not None:
+            props[PROP_TAGS] = tags
+        if ik is not None:
+            props[PROP_IDEMPOTENCY_KEY] = ik
         if req.message_id is not None:
             props[PROP_MESSAGE_ID] = req.message_id
         return Message(topic.name, req.body, queue_id=qid, properties=props)
@@ -257,6 +257,11 @@ class Producer:
         since = time.time_ns() // 1_000_000 - self._window_ms
         found = await self._store.lookup(KeyKind.IDEMPOTENCY_KEY, ik, limit=1, since_ms=since)
         return found[0] if found else None
+
+
+def _check_identifier(name: str, value: str) -> None:
+    if not value or len(value.encode()) > MAX_KEY_BYTES or " " in value:
+        raise InvalidArgument(f"{name} must be 1-{MAX_KEY_BYTES} bytes with no spaces")
 
 
 def _receipt(m: StoredMessage, *, duplicate: bool) -> SendReceipt:

@@ -12,8 +12,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
-import msgspec
-
 from txbroker.errors import InvalidArgument, MessageTooLarge, StoreFailed
 from txbroker.protocol.ids import new_id
 from txbroker.protocol.names import validate_topic
@@ -42,20 +40,46 @@ __all__ = ["UNINDEXED", "AppendResult", "Appender", "index_record"]
 # indexed: saves index space and time on the transaction hot path.
 UNINDEXED: Final = int(RecordFlag.TX_HALF)
 _HEADER_BYTES: Final = HEADER.size
+# The key kinds as plain ints: compiled, a Final int is a constant, where reading an enum's
+# member goes through its class's attribute lookup (hundreds of instructions a time).
+_MESSAGE_ID: Final = int(KeyKind.MESSAGE_ID)
+_KEY: Final = int(KeyKind.KEY)
+_IDEMPOTENCY_KEY: Final = int(KeyKind.IDEMPOTENCY_KEY)
+_INTERNAL: Final = int(KeyKind.INTERNAL)
 
 # Output of Appender.prepare: topic, topic bytes, body, queue id, flags, born ms, properties,
 # encoded properties, message id.
 _Prepared: TypeAlias = tuple[str, bytes, bytes, int, int, int, dict[str, str], bytes, str]
 
 
-class AppendResult(msgspec.Struct, frozen=True, gc=False):
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    size: int
-    message_id: str
-    store_timestamp_ms: int
+class AppendResult:
+    """Where a message was appended. A plain class, not a ``msgspec.Struct``: compiled, making
+    one is a C call with its fields stored unboxed where they can be, and one is made per message;
+    a ``Struct`` stays a Python class whose construction goes through Python's call machinery."""
+
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        physical_offset: int,
+        size: int,
+        message_id: str,
+        store_timestamp_ms: int,
+    ) -> None:
+        self.topic: Final = topic
+        self.queue_id: Final = queue_id
+        self.queue_offset: Final = queue_offset
+        self.physical_offset: Final = physical_offset
+        self.size: Final = size
+        self.message_id: Final = message_id
+        self.store_timestamp_ms: Final = store_timestamp_ms
+
+    def __repr__(self) -> str:
+        return (
+            f"AppendResult({self.topic!r}, queue_id={self.queue_id}, "
+            f"queue_offset={self.queue_offset}, physical_offset={self.physical_offset})"
+        )
 
 
 def index_record(
@@ -72,22 +96,23 @@ def index_record(
 ) -> None:
     """Record one stored message in its consume queue and the key index."""
     if to_queue:
-        queue.put(qoff, phys, size, tag_hash(props.get(PROP_TAGS)))
+        tags = props.get(PROP_TAGS)
+        queue.put(qoff, phys, size, tag_hash(tags) if tags else 0)  # most have none: no call
     if to_index:
         mid = props.get(PROP_MESSAGE_ID)
         if mid:
-            index.add(KeyKind.MESSAGE_ID, mid, phys, store_ms)
+            index.add(_MESSAGE_ID, mid, phys, store_ms)
         keys = props.get(PROP_KEYS)
         if keys:
             for k in keys.split(KEY_SEPARATOR):
                 if k:
-                    index.add(KeyKind.KEY, k, phys, store_ms)
+                    index.add(_KEY, k, phys, store_ms)
         ik = props.get(PROP_IDEMPOTENCY_KEY)
         if ik:
-            index.add(KeyKind.IDEMPOTENCY_KEY, ik, phys, store_ms)
+            index.add(_IDEMPOTENCY_KEY, ik, phys, store_ms)
         ix = props.get(PROP_INTERNAL_KEY)
         if ix:
-            index.add(KeyKind.INTERNAL, ix, phys, store_ms)
+            index.add(_INTERNAL, ix, phys, store_ms)
 
 
 class Appender:
@@ -195,7 +220,7 @@ class Appender:
         One clock reading stamps the batch, and what does not change from record to record is
         looked up once: this is the append hot path, where every message's cost passes."""
         store_ms = time.time_ns() // 1_000_000
-        append = self._log.append
+        log = self._log  # its methods called on it, not through a bound method: a C call compiled
         index = self._index
         known = self._queues.by_key
         out: list[AppendResult] = []
@@ -203,7 +228,7 @@ class Appender:
             key = (topic, qid)
             cq = queues[key]
             qoff = cq.max_offset
-            phys, size = append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
+            phys, size = log.append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
             if known.get(key) is not cq:
                 known[key] = cq
             index_record(

@@ -30,7 +30,7 @@ from txbroker.store.record import (
     StoredMessage,
     check_record,
     decode_record,
-    encode_record,
+    encode_record_parts,
 )
 
 __all__ = ["CommitLog", "ScanEnd", "ScannedRecord", "read_log_files"]
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 NAME_DIGITS: Final = 20
 _ZERO_CHUNK: Final = bytes(1 << 20)
 _MAGIC_BYTES: Final = MAGIC_MESSAGE.to_bytes(4, "little")
+_HEADER_BYTES: Final = HEADER.size
 
 
 class ScannedRecord(NamedTuple):
@@ -236,17 +237,19 @@ class CommitLog:
     ) -> tuple[int, int]:
         """Write one record at the end of the log; return (physical offset, size)."""
         active = self.segments[-1]
-        size = HEADER.size + len(topic_bytes) + len(props) + len(body)
+        size = _HEADER_BYTES + len(topic_bytes) + len(props) + len(body)
         if self.write_pos + size > active.base + active.size:
             active = self._roll(active)
         phys = self.write_pos
-        data = encode_record(
+        prefix, rest = encode_record_parts(
             topic_bytes, props, body, flags, queue_id, queue_offset, phys, born_ms, store_ms
         )
         if self.buffered:
-            self._buf += data
+            buf = self._buf
+            buf += prefix
+            buf += rest
         else:
-            _pwrite_all(active.fd, data, phys - active.base)
+            _pwrite_all(active.fd, prefix + rest, phys - active.base)
         self.write_pos = phys + size
         self.records += 1
         return phys, size

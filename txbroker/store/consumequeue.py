@@ -35,6 +35,8 @@ CQ_ENTRY: Final = struct.Struct(
     "Q"  # tag_hash: 64-bit hash of the record's tag, 0 when it has none
 )
 assert CQ_ENTRY.size == 20
+_ENTRY_BYTES: Final = 20  # CQ_ENTRY.size, as a constant for the append path
+_pack_entry: Final = CQ_ENTRY.pack_into
 
 NAME_DIGITS: Final = 20
 
@@ -169,7 +171,7 @@ class ConsumeQueue:
         qoff, end = self.max_offset, self.max_offset + count
         if self.files:
             last = self.files[-1]
-            if last.base <= qoff and end <= last.base + last.size // CQ_ENTRY.size:
+            if last.base <= qoff and end <= last.base + last.size // _ENTRY_BYTES:
                 return  # the common case: room in the active file
         while qoff < end:
             f = self._file_for(qoff)
@@ -181,7 +183,7 @@ class ConsumeQueue:
         f = self.files[-1] if self.files else None
         if f is None or not (f.base <= qoff < f.base + self.per_file):
             f = self._file_for(qoff)
-        CQ_ENTRY.pack_into(f.mm, (qoff - f.base) * CQ_ENTRY.size, phys, size, taghash)
+        _pack_entry(f.mm, (qoff - f.base) * _ENTRY_BYTES, phys, size, taghash)
         if qoff >= self.max_offset:
             self.max_offset = qoff + 1
 

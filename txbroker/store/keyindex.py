@@ -53,9 +53,9 @@ assert INDEX_HEADER.size == 64
 assert INDEX_ENTRY.size == 24
 assert SLOT.size == 4  # the hot path below uses the sizes as literals
 _SLOTS_AT: Final = INDEX_HEADER.size
-_pack_entry = INDEX_ENTRY.pack_into
-_pack_slot = SLOT.pack_into
-_unpack_slot = SLOT.unpack_from
+_pack_entry: Final = INDEX_ENTRY.pack_into
+_pack_slot: Final = SLOT.pack_into
+_unpack_slot: Final = SLOT.unpack_from
 INDEX_MAGIC: Final = 0x58444958  # b"XIDX"
 INDEX_VERSION: Final = 1
 NAME_DIGITS: Final = 20
@@ -202,8 +202,8 @@ class IndexFile:
             self.end_ms = ts * 1000
 
 
-_crc32 = zlib.crc32
-_crc32c = google_crc32c.value
+_crc32: Final = zlib.crc32
+_crc32c: Final = google_crc32c.value
 
 
 class KeyIndex:

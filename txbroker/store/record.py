@@ -41,6 +41,7 @@ __all__ = [
     "decode_record",
     "encode_properties",
     "encode_record",
+    "encode_record_parts",
 ]
 
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
@@ -119,6 +120,7 @@ class RecordFlag(enum.IntFlag):
 
 _props_encoder = msgspec.msgpack.Encoder()
 _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
+_encode_props: Final = _props_encoder.encode
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
@@ -128,7 +130,7 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     for k, v in given.items():
         if type(k) is not str or type(v) is not str:
             raise InvalidArgument(f"properties must map str to str, got {k!r}: {v!r}")
-    data = _props_encoder.encode(properties)
+    data = _encode_props(properties)
     if len(data) > MAX_PROPERTIES_BYTES:
         raise MessageTooLarge(
             f"properties take {len(data)} bytes encoded; the limit is {MAX_PROPERTIES_BYTES}"
@@ -203,8 +205,28 @@ def encode_record(
     born_ms: int,
     store_ms: int,
 ) -> bytes:
-    """Encode one record (positional arguments: this is the append hot path). Limits are the
-    caller's to check before assigning offsets; breaking them here is a bug, hence asserts."""
+    """Encode one record (positional arguments: this is the append hot path)."""
+    prefix, rest = encode_record_parts(
+        topic_bytes, props, body, flags, queue_id, queue_offset, physical_offset, born_ms, store_ms
+    )
+    return prefix + rest
+
+
+def encode_record_parts(
+    topic_bytes: bytes,
+    props: bytes,
+    body: bytes,
+    flags: int,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    born_ms: int,
+    store_ms: int,
+) -> tuple[bytes, bytes]:
+    """:func:`encode_record` in two parts: ``PREFIX`` (size, magic, CRC) and the bytes the CRC
+    covers, so the CRC is one call over one buffer and a writer that appends to a buffer of its
+    own copies the body no more often than with one part. Limits are the caller's to check
+    before assigning offsets; breaking them here is a bug, hence asserts."""
     body_len = len(body)
     props_len = len(props)
     topic_len = len(topic_bytes)
@@ -221,15 +243,14 @@ def encode_record(
         props_len,
         topic_len,
     )
-    crc = _crc_extend(_crc_extend(_crc_extend(_crc_value(meta), topic_bytes), props), body)
-    total = HEADER.size + topic_len + props_len + body_len
-    return b"".join((_pack_prefix(total, MAGIC_MESSAGE, crc), meta, topic_bytes, props, body))
+    rest = b"".join((meta, topic_bytes, props, body))
+    total = CRC_START + len(rest)  # PREFIX is the bytes before CRC_START
+    return _pack_prefix(total, MAGIC_MESSAGE, _crc_value(rest)), rest
 
 
-_pack_meta = META.pack
-_pack_prefix = PREFIX.pack
-_crc_value = google_crc32c.value
-_crc_extend = google_crc32c.extend
+_pack_meta: Final = META.pack
+_pack_prefix: Final = PREFIX.pack
+_crc_value: Final = google_crc32c.value
 
 
 def decode_record(buf: Buffer, pos: int = 0) -> StoredMessage:
