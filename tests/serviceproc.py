@@ -15,7 +15,9 @@ from txbroker.runtime.brokerproc import terminate
 
 __all__ = ["STARTED", "ServiceProcess"]
 
-STARTED = "Application startup complete"  # uvicorn's line once the app's lifespan started
+# uvicorn's line once its socket listens. Its "Application startup complete" comes before it
+# binds the port (the lifespan starts first): a request sent on that line may be refused.
+STARTED = "Uvicorn running on"
 # A service starts in a second or two; a loaded 2-core machine running the suite takes longer.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -46,8 +48,8 @@ class ServiceProcess:
         self._reader: threading.Thread | None = None
 
     def start(self, **extra_env: str) -> Self:
-        """Start it and return once uvicorn says the app started; AssertionError with its log
-        if it exits or does not say so in time."""
+        """Start it and return once its app started and its port takes connections;
+        AssertionError with its log if it exits or does not get there in time."""
         self.lines = []
         cmd = [sys.executable, "-m", "uvicorn", self.app]
         self.proc = subprocess.Popen(

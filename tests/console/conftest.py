@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from starlette.applications import Starlette
@@ -126,6 +127,18 @@ def sign_in(browser: Any, http: str, page: str = "/console/", token: str = TOKEN
     browser.find_element("id", "token").send_keys(token)
     browser.find_element("css selector", "form button[type=submit]").click()
     wait_for(lambda: "/login" not in browser.current_url, "signing in")
+
+
+def search(browser: Any, query: str) -> None:
+    """Type ``query`` in the search bar every page has, as a person would; return once the
+    browser is on its search page. (The submit may return before the navigation it starts: a
+    page read then is the old one, and a refresh then may reload the old one instead.)"""
+    from selenium.webdriver.common.keys import Keys
+
+    box = browser.find_element("css selector", ".bar input[name=q]")
+    box.clear()
+    box.send_keys(query, Keys.ENTER)
+    wait_for(lambda: f"/console/search?q={quote(query)}" in browser.current_url, "the search")
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:

@@ -10,12 +10,19 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
-from selenium.webdriver.common.keys import Keys
 
-from tests.console.conftest import FAST_CHECKS, GROUP, TOKEN, StartBroker, sign_in, until, wait_for
+from tests.console.conftest import (
+    FAST_CHECKS,
+    GROUP,
+    TOKEN,
+    StartBroker,
+    search,
+    sign_in,
+    until,
+    wait_for,
+)
 from txbroker.console.search import SCAN_QUEUE_MAX
 from txbroker.protocol.messages import SendRequest
 from txbroker_sdk import Client, Consumer
@@ -28,11 +35,8 @@ def _text(browser: Any) -> str:
 
 
 def _search(browser: Any, query: str) -> str:
-    """Type ``query`` in the search bar every page has, as a person would; the result's text."""
-    box = browser.find_element(CSS, ".bar input[name=q]")
-    box.clear()
-    box.send_keys(query, Keys.ENTER)
-    wait_for(lambda: f"/console/search?q={quote(query)}" in browser.current_url, "the search")
+    """``search`` for ``query``; the result's text."""
+    search(browser, query)
     return _text(browser)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.console.conftest import sign_in, wait_for
+from tests.console.conftest import search, sign_in, wait_for
 from tests.examples.test_shop import TOKEN, Shop, databases, shop
 
 __all__ = ["databases", "shop"]  # the shop's fixtures, used here by name
@@ -34,9 +34,7 @@ async def test_an_orders_whole_story_is_found_from_its_order_id(
     sign_in(
         browser, shop.broker.http, token=TOKEN
     )  # the shop's broker wants a token, as in the README
-    box = browser.find_element(CSS, ".bar input[name=q]")
-    box.send_keys("o-1")
-    browser.find_element(CSS, ".bar button").click()
+    search(browser, "o-1")
 
     def story() -> bool:
         # The audit message is published by the outbox relay, a moment after the commit; billing
