@@ -3,8 +3,8 @@
 The SDK's guarantees are about processes dying at the worst moment, so tests and ``make demo``
 make them die exactly there, with a real ``SIGKILL`` (no ``finally``, no atexit, no flush). Each
 window calls :func:`point` with its name, which does nothing unless ``TXB_FAULTS`` arms it;
-unarmed, a point costs one dictionary lookup. Drops (:func:`dropped`) are armed the same way but
-do not kill: the request is not sent, as if the network had lost it.
+unarmed, a point costs one truth test and no call. Drops (:func:`dropped`) are armed the same way
+but do not kill: the request is not sent, as if the network had lost it.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def point(name: str) -> None:
     marked).
     """
     assert name in POINTS, name
-    if _hit(name):
+    if (_armed or not _loaded) and _hit(name):  # unarmed (the rule): no call at all
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -104,4 +104,4 @@ def dropped(name: str) -> bool:
         TXB_FAULTS="drop_end_tx=@1"                  # the first transaction's END_TX is lost
     """
     assert name in DROPS, name
-    return _hit(name)
+    return (_armed or not _loaded) and _hit(name)
