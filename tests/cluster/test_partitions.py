@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import TestNet
+from tests.conftest import SPARK_SESSION
 from tests.databases import scratch_pg
 from txbroker.chaos.nemesis import LINK_LATENCY_S, PROXIED, Nemesis
 from txbroker.chaos.partition_services import (
@@ -36,7 +37,9 @@ from txbroker.chaos.partitions import (
 from txbroker.chaos.spark import Reconciler
 
 # One worker runs them one after another: each takes both cores' worth of brokers for ~25 s.
-pytestmark = pytest.mark.xdist_group("partitions")
+# The worker of the Spark session's tests (tests/conftest.py), whose JVM the module's last test
+# then shares: a JVM of its own beside theirs and the Spark children's starved all three.
+pytestmark = pytest.mark.xdist_group(SPARK_SESSION)
 
 # Partitions that cost the master its lease, so another broker takes the group over.
 FAILED_OVER = {"isolate-master", "master-etcd"}
