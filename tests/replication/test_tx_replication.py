@@ -10,6 +10,7 @@ is what a partition that drops its packets looks like to a master that keeps its
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from tests.cluster.test_partition import stopped
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, run_cli
 from tests.replication.conftest import Brokers
 from tests.tx.conftest import GROUP, SECRET, check_server
 from tests.tx.test_transactions import _consume_all, _wait_state
@@ -92,6 +93,31 @@ async def _open_on(http: str) -> int:
         return total
 
 
+async def _admin_unconfirmed(http: str, tx_id: str) -> object:
+    """The ``unconfirmed`` flag the HTTP admin API shows for ``tx_id``."""
+    async with httpx.AsyncClient(base_url=http) as h:
+        r = await h.get(f"/v1/transactions/{tx_id}")
+        r.raise_for_status()
+        return r.json()["unconfirmed"]
+
+
+async def _console_badges(http: str, tx_id: str) -> list[str]:
+    """The "unconfirmed" badges in ``tx_id``'s row of the console's Transactions page (a broker
+    without a token shows its console to requests from its own host)."""
+    async with httpx.AsyncClient(base_url=http) as h:
+        r = await h.get("/console/transactions")
+        r.raise_for_status()
+    row = next(tr for tr in r.text.split("<tr>") if f"/transactions/{tx_id}" in tr)
+    return re.findall(r'class="badge (unconfirmed)"', row)
+
+
+async def _cli(broker: BrokerProcess, *args: str) -> str:
+    """What ``txbroker ARGS --server`` the broker prints (a real CLI process)."""
+    got = await asyncio.to_thread(run_cli, *args, "--server", broker.url)
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
 async def test_a_commit_the_slave_did_not_confirm_stands_and_ends_once(
     brokers: Brokers, tmp_path: Path
 ) -> None:
@@ -110,8 +136,12 @@ async def test_a_commit_the_slave_did_not_confirm_stands_and_ends_once(
         with stopped(_pid(slave)):
             with pytest.raises(ReplicationTimeout, match="0 of the 1 slaves"):
                 await tx.commit()
-            # The commit is in the master's log: it stands there, ended, not open again.
-            assert (await c.show_transaction(tx.tx_id)).state == "committed"
+            # The commit is in the master's log: it stands there, ended, not open again, and
+            # says the slaves have not confirmed it.
+            info = await c.show_transaction(tx.tx_id)
+            assert (info.state, info.unconfirmed) == ("committed", True)
+            shown = await _cli(master, "tx", "show", tx.tx_id)
+            assert "committed, unconfirmed" in shown and "did not confirm it in time" in shown
             assert (await c.list_transactions()).total == 0
             # A resend is an acknowledgement too: not before the slave holds the commit. It
             # writes nothing (one visible copy, below).
@@ -127,7 +157,8 @@ async def test_a_commit_the_slave_did_not_confirm_stands_and_ends_once(
         assert (await c.list_transactions()).total == 0
         assert await _open_on(master.http) == 0
         info = await c.show_transaction(tx.tx_id)
-        assert (info.state, info.resolved_by) == ("committed", "producer")
+        assert (info.state, info.resolved_by, info.unconfirmed) == ("committed", "producer", False)
+        assert "unconfirmed" not in await _cli(master, "tx", "show", tx.tx_id)
     assert checks.seen == []  # decided by the producer: never asked
 
 
@@ -153,7 +184,13 @@ async def test_a_prepare_the_slave_did_not_confirm_is_back_checked_and_resolved(
                 await prepare()
             # The half record is in the master's log: the transaction is open there and is
             # back-checked when due, as any other (answered UNKNOWN: the service cannot tell yet).
-            assert (await c.show_transaction(tx_id)).state == "prepared"
+            info = await c.show_transaction(tx_id)
+            assert (info.state, info.unconfirmed) == ("prepared", True)
+            # An operator sees it: in the HTTP admin API, the CLI's list and the console's
+            # Transactions page (a badge beside its state).
+            assert await _admin_unconfirmed(master.http, tx_id) is True
+            assert "pending, unconfirmed" in await _cli(master, "tx", "list")
+            assert await _console_badges(master.http, tx_id) == ["unconfirmed"]
             deadline = time.monotonic() + CHECKED_BOUND_S
             while checks.checks_for(tx_id) == 0:
                 assert time.monotonic() < deadline, "the transaction was never back-checked"
@@ -161,7 +198,10 @@ async def test_a_prepare_the_slave_did_not_confirm_is_back_checked_and_resolved(
             with pytest.raises(ReplicationTimeout):
                 await prepare()  # a resend is acknowledged only once the slave holds the half
         message_id = await _once_replicated(prepare)
-        assert message_id == (await c.show_transaction(tx_id)).message_id  # the same half
+        info = await c.show_transaction(tx_id)
+        assert (info.message_id, info.unconfirmed) == (message_id, False)  # the same half
+        assert await _admin_unconfirmed(master.http, tx_id) is False
+        assert await _console_badges(master.http, tx_id) == []
         checks.answers[tx_id] = answer  # what the service's barrier decided
         await _wait_state(c, tx_id, state)
         info = await c.show_transaction(tx_id)

@@ -28,6 +28,12 @@ __all__ = ["register", "state_label", "tx_record"]
 
 # The CLI's names for the broker's states; --state takes either.
 _LABELS = {"prepared": "pending"}
+# What `unconfirmed` means to an operator (docs/transactions.md, "A write the slaves did not
+# confirm").
+UNCONFIRMED = (
+    "its last write stands in this master's log, but the slaves did not confirm it in time; "
+    "a repeated request is answered once they hold it"
+)
 _STATES = {"pending": "prepared", "prepared": "prepared", "parked": "parked", "stalled": "stalled"}
 
 
@@ -78,8 +84,9 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=with_client(_prepare))
 
 
-def state_label(state: str, stalled: bool = False) -> str:
-    return "stalled" if stalled else _LABELS.get(state, state)
+def state_label(state: str, stalled: bool = False, unconfirmed: bool = False) -> str:
+    label = "stalled" if stalled else _LABELS.get(state, state)
+    return f"{label}, unconfirmed" if unconfirmed else label
 
 
 def tx_record(t: Any) -> dict[str, Any]:
@@ -99,6 +106,7 @@ def tx_record(t: Any) -> dict[str, Any]:
         "resolved_by": t.resolved_by,
         "stalled": t.stalled,
         "unreachable_since_ms": t.unreachable_since_ms,
+        "unconfirmed": t.unconfirmed,
     }
 
 
@@ -130,7 +138,7 @@ async def _list(c: Any, args: argparse.Namespace) -> int:
         (
             [
                 t.tx_id,
-                state_label(t.state, t.stalled),
+                state_label(t.state, t.stalled, t.unconfirmed),
                 t.topic,
                 t.producer_group,
                 human_time(t.created_ms),
@@ -152,25 +160,26 @@ async def _show(c: Any, args: argparse.Namespace) -> int:
     if args.json:
         print_json(tx_record(t))
         return 0
-    print_fields(
-        {
-            "tx id": t.tx_id,
-            "state": state_label(t.state, t.stalled),
-            "topic": f"{t.topic} (queue {t.queue_id})",
-            "producer group": t.producer_group,
-            "check url": t.check_url,
-            "message id": t.message_id,
-            "key": t.key,
-            "created": human_time(t.created_ms),
-            "checks": t.checks,
-            "next check": human_time(t.next_check_ms) if _next_check(t) != "-" else "-",
-            "last reason": t.last_reason or "-",
-            "checks unreachable since": (
-                human_time(t.unreachable_since_ms) if t.unreachable_since_ms else "-"
-            ),
-            "resolved by": t.resolved_by or "-",
-        }
-    )
+    fields = {
+        "tx id": t.tx_id,
+        "state": state_label(t.state, t.stalled, t.unconfirmed),
+        "topic": f"{t.topic} (queue {t.queue_id})",
+        "producer group": t.producer_group,
+        "check url": t.check_url,
+        "message id": t.message_id,
+        "key": t.key,
+        "created": human_time(t.created_ms),
+        "checks": t.checks,
+        "next check": human_time(t.next_check_ms) if _next_check(t) != "-" else "-",
+        "last reason": t.last_reason or "-",
+        "checks unreachable since": (
+            human_time(t.unreachable_since_ms) if t.unreachable_since_ms else "-"
+        ),
+        "resolved by": t.resolved_by or "-",
+    }
+    if t.unconfirmed:
+        fields["unconfirmed"] = UNCONFIRMED
+    print_fields(fields)
     return 0
 
 

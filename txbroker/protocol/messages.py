@@ -284,6 +284,9 @@ class TxInfo(msgspec.Struct, frozen=True):
     stalled: bool = False
     # When its back-checks stopped reaching the service (epoch ms); None while they reach it.
     unreachable_since_ms: int | None = None
+    # Its last write (the PREPARE or the decision) stands in this master's log, but its wait for
+    # the slaves timed out and no repeated request has seen them hold it since.
+    unconfirmed: bool = False
 
 
 class TxListRequest(msgspec.Struct, frozen=True):

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from txbroker.errors import CorruptLog, InvalidOffset, NotFound, StoreFailed
+from txbroker.errors import CorruptLog, InvalidOffset, NotFound, StoreError, StoreFailed
 from txbroker.store.mapped import MappedFile, fsync_dir, remove_temporaries
 from txbroker.store.record import (
     HEADER,
@@ -355,6 +355,10 @@ class CommitLog:
             if total <= len(head):
                 return head[:total]
             return head + seg.pread(rel + len(head), total - len(head))
+        except OSError as e:  # EIO from a failing disk: a store error naming where, not a crash
+            raise StoreError(
+                f"reading the record at physical offset {phys} from {seg.path} failed: {e}"
+            ) from e
         finally:
             seg.release()
 

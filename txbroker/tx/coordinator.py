@@ -615,6 +615,7 @@ class TxCoordinator:
             tx.resolved_by,
             self.stalled(tx),
             tx.unreachable_since_ms if tx.unreachable_since_ms > 0 and not tx.ended else None,
+            tx.unconfirmed,
         )
 
     # --- recovery ---
