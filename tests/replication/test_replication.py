@@ -6,9 +6,12 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.cluster.test_partition import stopped
 from tests.replication.conftest import Brokers
+from tests.server.test_consume import held_pulls
 from txbroker.errors import NotMaster, ReplicationTimeout
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import AckRequest
@@ -189,3 +192,35 @@ async def test_sync_consumers_see_only_what_a_slave_holds(brokers: Brokers) -> N
         again = brokers.slave(master, "slave")  # the same data directory: it catches up
         await _consume_all(master.url, "t", {b"replicated", b"on the master only"})
     assert again.stop() == 0
+
+
+async def test_a_held_pull_is_answered_once_the_slave_holds_a_timed_out_write(
+    brokers: Brokers,
+) -> None:
+    """A write whose wait for the slave timed out stands in the master's log, and consumers read
+    it once the slave holds it. A pull held for it then is answered then, not when its hold
+    runs out: no append wakes its queue at that moment (the write's own wake-up failed)."""
+    hold_s, woken_within_s = 30, 10  # a pull nobody woke cannot pass
+    master = brokers.master("master", "--replication", "sync", "--replication-timeout-ms", "1000")
+    slave = brokers.slave(master)
+    assert slave.proc is not None
+    async with (
+        await Client.connect(master.url) as c,
+        httpx.AsyncClient(base_url=master.http) as h,
+    ):
+        await c.create_topic("t", queues=1)
+        async with Consumer(c, "g", "t", with_retries=False) as consumer:
+            with stopped(slave.proc.pid):
+                with pytest.raises(ReplicationTimeout):
+                    await c.send("t", b"late")
+                pull = asyncio.create_task(consumer.fetch(timeout_ms=hold_s * 1000))
+                async with asyncio.timeout(woken_within_s):
+                    while True:
+                        if await held_pulls(h):
+                            break
+                        await asyncio.sleep(0.01)  # polling the broker's count: no event to await
+                assert not pull.done()  # nothing readable while the slave is frozen
+                thawed = time.monotonic()
+            msgs = await asyncio.wait_for(pull, woken_within_s)
+            assert time.monotonic() - thawed < woken_within_s < hold_s
+            assert [m.body for m in msgs] == [b"late"]

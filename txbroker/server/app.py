@@ -226,6 +226,9 @@ class BrokerServer:
                 self.replication,
                 epochs=self.epochs if elects else None,
                 offsets=self.groups.all_offsets,
+                # Held long polls re-read: what the slaves now hold of a timed-out write is
+                # readable (a woken poll that finds nothing waits on).
+                on_late_cover=notifier.wake_all,
             )
         handlers = self.handlers = build_handlers(
             admin,

@@ -67,8 +67,14 @@ class ReplicaTracker:
         *,
         covered: int | None = None,
         term_valid: Callable[[], bool] | None = None,
+        on_late_cover: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
+        # Called when the slaves come to hold writes whose wait for them timed out: those
+        # records stand in the log and consumers may read them now, but no append wakes their
+        # queues' long polls then (their group commit's wake-up failed with the timeout).
+        self._on_late_cover = on_late_cover
+        self._timed_out_below = 0  # the end of the writes whose wait timed out, still uncovered
         # An elected master's lease check (election.py's is_leader): once it may have ended on
         # etcd a successor may be chosen by reports written from then on, so a write covered
         # only later must not be answered as acknowledged (the step-down fails it instead).
@@ -116,6 +122,7 @@ class ReplicaTracker:
         if self._open is b:
             self._open = None
         self.timeouts += 1
+        self._timed_out_below = max(self._timed_out_below, b.target)
         failure = self._store.committer.failure
         if failure is not None:
             b.fut.set_exception(failure)
@@ -203,7 +210,13 @@ class ReplicaTracker:
         covered = sorted(self.replicas.values(), reverse=True)[self.min_insync - 1]
         if covered <= self.covered:
             return
+        late = self._timed_out_below > self.covered
         self.covered = covered
+        if late:
+            if covered >= self._timed_out_below:
+                self._timed_out_below = 0
+            if self._on_late_cover is not None:
+                self._on_late_cover()
         batches = self._batches
         while batches and (batches[0].fut.done() or batches[0].target <= covered):
             b = batches.popleft()
@@ -274,8 +287,10 @@ class ReplicationMaster:
         *,
         epochs: EpochHistory | None = None,
         offsets: Offsets | None = None,
+        on_late_cover: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_late_cover = on_late_cover  # see ReplicaTracker
         self._topics = topics
         self._settings = settings
         self._epochs = epochs
@@ -290,7 +305,12 @@ class ReplicationMaster:
         ReplicaTracker)."""
         s = self._settings
         self.tracker = ReplicaTracker(
-            self._store, s.min_insync, s.timeout_ms / 1000, covered=covered, term_valid=term_valid
+            self._store,
+            s.min_insync,
+            s.timeout_ms / 1000,
+            covered=covered,
+            term_valid=term_valid,
+            on_late_cover=self._on_late_cover,
         )
         return self.tracker
 
