@@ -240,3 +240,32 @@ async def test_a_write_the_slaves_did_not_confirm_stands_and_a_takeover_asks_the
         assert store.queue_range("orders", 0) == (0, 1)
     finally:
         store.replication_gate = None
+
+
+async def test_an_open_transaction_a_takeover_rebuilds_past_the_slaves_is_unconfirmed(
+    coordinator: TxCoordinator,
+) -> None:
+    """A new master counts as on its slaves only what the last master said they held: an open
+    transaction whose half lies past that is rebuilt unconfirmed, so a resent PREPARE is not
+    acknowledged before a slave holds the half; one below it is answered at once."""
+    store = coordinator._store
+    await asyncio.wait_for(coordinator.prepare(_prepare("below")), 10)
+    covered = store.write_offset
+    await asyncio.wait_for(coordinator.prepare(_prepare("past")), 10)
+    # The takeover (failover.py): rebuilt with no gate, then the new term's gate.
+    await asyncio.wait_for(coordinator.recover(from_start=True, covered=covered), 10)
+    tracker = store.replication_gate = ReplicaTracker(
+        store, min_insync=1, timeout_s=0.3, covered=covered
+    )
+    try:
+        assert not coordinator.get("below").unconfirmed
+        assert coordinator.get("past").unconfirmed
+        await asyncio.wait_for(coordinator.prepare(_prepare("below")), 10)  # answered at once
+        with pytest.raises(ReplicationTimeout):  # on this broker alone, as far as it knows
+            await asyncio.wait_for(coordinator.prepare(_prepare("past")), 10)
+        tracker.report("s1", store.write_offset)
+        await asyncio.wait_for(coordinator.prepare(_prepare("past")), 10)
+        await asyncio.sleep(0)  # the confirmation is a callback of the wait that answered
+        assert not coordinator.get("past").unconfirmed
+    finally:
+        store.replication_gate = None

@@ -136,12 +136,13 @@ class MasterDuties:
         # What the last master said its slaves held: readable at once. The rest of the log
         # may be on this broker alone; a consumer acting on it before a slave holds it could
         # act on a record the next failover takes back.
-        self.slaves.begin(covered=min(covered, store.write_offset), term_valid=is_leader)
+        covered = min(covered, store.write_offset)
+        self.slaves.begin(covered=covered, term_valid=is_leader)
         # Slaves may fetch at once; producers wait until the transactions are rebuilt (an
         # END_TX for one not yet recovered would be refused as unknown).
         self._role.serve(frozenset({Opcode.REPL_FETCH}))
         started = time.monotonic()
-        await self._tx.recover(from_start=True)
+        await self._tx.recover(from_start=True, covered=covered)
         self._halves.start(self._tx)
         self._checker.start()
         self._scheduler.forget_cursors()

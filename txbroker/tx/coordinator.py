@@ -620,14 +620,20 @@ class TxCoordinator:
 
     # --- recovery ---
 
-    async def recover(self, *, from_start: bool = False) -> None:
+    async def recover(self, *, from_start: bool = False, covered: int | None = None) -> None:
         """Rebuild the open transactions (see ``txbroker.tx.recovery``); ``from_start`` when
-        taking over as master (failover.py)."""
+        taking over as master (failover.py), ``covered`` then the log offset below which the
+        new term counts the log as on its slaves."""
         got = await recover_open(
             self._store, self._publishing, self._path, self._append_copy, from_start=from_start
         )
         self.open.clear()  # what an earlier term held is rebuilt from the log too
         self.open.update(got.open)
+        if covered is not None:
+            # A half past what the slaves are known to hold may be on this broker alone, as
+            # one whose wait for them timed out is: a resent PREPARE waits for them too.
+            for tx in self.open.values():
+                tx.unconfirmed = tx.half_phys >= covered
         # A decision of an earlier term that its slaves were not known to hold is the log's to
         # tell, not memory's: the term this log begins may not have it, and then the
         # transaction is open again (above). Answered from the index when the log has it.
