@@ -20,6 +20,7 @@ from txbroker.errors import ReplicationTimeout, TransactionConflict
 from txbroker.protocol.messages import TxEndResponse, TxPrepareRequest
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.deletion import _roll_back_topic
 from txbroker.server.replication.master import ReplicaTracker
 from txbroker.store.config import FlushMode
 from txbroker.tx import coordinator as coordinator_module
@@ -267,5 +268,21 @@ async def test_an_open_transaction_a_takeover_rebuilds_past_the_slaves_is_unconf
         await asyncio.wait_for(coordinator.prepare(_prepare("past")), 10)
         await asyncio.sleep(0)  # the confirmation is a callback of the wait that answered
         assert not coordinator.get("past").unconfirmed
+    finally:
+        store.replication_gate = None
+
+
+async def test_a_deleted_topics_rollback_the_slaves_did_not_confirm_is_counted(
+    coordinator: TxCoordinator,
+) -> None:
+    """Deleting a topic rolls back its open transactions; a rollback whose wait for the slaves
+    timed out stands (unconfirmed) and is one of those rolled back, not one "ended otherwise"."""
+    store = coordinator._store
+    await asyncio.wait_for(coordinator.prepare(_prepare("tx-d")), 10)
+    store.replication_gate = ReplicaTracker(store, min_insync=1, timeout_s=0.3)  # no slave
+    try:
+        rolled_back = await asyncio.wait_for(_roll_back_topic(coordinator, "orders"), 10)
+        tx = coordinator.get("tx-d")
+        assert (tx.state, tx.unconfirmed, rolled_back) == (TxState.ROLLED_BACK, True, 1)
     finally:
         store.replication_gate = None

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Final
 
-from txbroker.errors import StoreFailed, TxbError
+from txbroker.errors import ReplicationTimeout, StoreFailed, TxbError
 from txbroker.protocol.messages import TxEndResponse
 from txbroker.server.groups import GroupCoordinator
 from txbroker.server.longpoll import Notifier
@@ -105,8 +105,9 @@ class TopicDeletion:
 async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
     """Roll back every open (prepared or parked) transaction of ``topic``; return how many.
     Returns once the rollbacks are durable. Those ended otherwise meanwhile stay as they
-    ended. If the store fails, the halves stay dead all the same (a restart does not reopen
-    them); the failure is logged."""
+    ended. A rollback whose wait for the slaves timed out stands in this master's log,
+    unconfirmed (coordinator.py), and counts. If the store fails, the halves stay dead all the
+    same (a restart does not reopen them); the failure is logged."""
     done = 0
     waits: list[asyncio.Future[TxEndResponse]] = []
     durables: list[asyncio.Future[None]] = []  # group commits, shared: waited for, not gathered
@@ -129,6 +130,9 @@ async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
         failure = StoreFailed("the group commit was cancelled") if d.cancelled() else d.exception()
         if failure is None:
             done += 1
+        elif isinstance(failure, ReplicationTimeout):
+            done += 1
+            _unconfirmed(topic, failure)
         else:
             log.error(
                 "topic %s deleted, but rolling back its transaction failed: %s", topic, failure
@@ -136,6 +140,9 @@ async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
     for r in await asyncio.gather(*waits, return_exceptions=True):
         if isinstance(r, StoreFailed):
             log.error("topic %s deleted, but rolling back its transaction failed: %s", topic, r)
+        elif isinstance(r, ReplicationTimeout):
+            done += 1
+            _unconfirmed(topic, r)
         elif isinstance(r, TxbError):
             continue  # ended otherwise meanwhile
         elif isinstance(r, BaseException):
@@ -143,3 +150,12 @@ async def _roll_back_topic(coord: TxCoordinator, topic: str) -> int:
         else:
             done += 1
     return done
+
+
+def _unconfirmed(topic: str, e: ReplicationTimeout) -> None:
+    log.warning(
+        "topic %s deleted: a rollback of its transaction stands on this master, unconfirmed "
+        "by the slaves: %s",
+        topic,
+        e,
+    )
