@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 from txbroker.cli.common import (
     Subparsers,
@@ -14,7 +16,11 @@ from txbroker.cli.common import (
     coordinator_url,
     run,
 )
+from txbroker.cli.serve import connection_flags
 from txbroker.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from txbroker.server.admission import Limits
 
 __all__ = ["DEFAULT_PORT", "register"]
 
@@ -45,6 +51,7 @@ def register(sub: Subparsers) -> None:
     )
     sec.add_argument("--auth-token", help="a token clients must present (TXB_AUTH_TOKEN)")
     add_tls_listener_options(sec)
+    connection_flags(ns)
     ns.set_defaults(func=_nameserver)
 
 
@@ -71,6 +78,34 @@ def _nameserver(args: argparse.Namespace) -> int:
         tls_cert=path(args.tls_cert, "TXB_TLS_CERT"),
         tls_key=path(args.tls_key, "TXB_TLS_KEY"),
         tls_client_ca=path(args.tls_client_ca, "TXB_TLS_CLIENT_CA"),
+        limits=_limits(args, env),
     )
     run(serve_nameserver(config))
     return 0
+
+
+# The connection limits' settings, as `txbroker serve` names them (flags, then TXB_* variables).
+LIMITS: Final = (
+    "max_connections",
+    "reserved_connections",
+    "handshake_timeout_ms",
+    "idle_timeout_ms",
+    "max_frames_per_s",
+)
+
+
+def _limits(args: argparse.Namespace, env: Mapping[str, str]) -> Limits:
+    from txbroker.server.admission import checked_limits
+
+    given: dict[str, int] = {}
+    for name in LIMITS:
+        value = getattr(args, name)
+        if value is None and env.get("TXB_" + name.upper()):
+            raw = env["TXB_" + name.upper()]
+            try:
+                value = int(raw)
+            except ValueError:
+                raise InvalidArgument(f"{name} must be an integer, got {raw!r}") from None
+        if value is not None:
+            given[name] = value
+    return checked_limits(**given)

@@ -118,7 +118,7 @@ def register(sub: Subparsers) -> None:
         "unreachable, or no poller takes its pulled checks) is stalled "
         "(TXB_STALL_AFTER_MS; default 900000, 15 min)",
     )
-    _connection_flags(sv)
+    connection_flags(sv)
     _cluster_flags(sv)
     add_replication_flags(sv)
     _security_flags(sv)
@@ -217,7 +217,7 @@ def _security_flags(sv: argparse.ArgumentParser) -> None:
     )
 
 
-def _connection_flags(sv: argparse.ArgumentParser) -> None:
+def connection_flags(sv: argparse.ArgumentParser) -> None:
     conns = sv.add_argument_group(
         "connection limits",
         "At most --max-connections (lowered at start to what the open-file limit allows); those "

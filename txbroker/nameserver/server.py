@@ -13,6 +13,7 @@ state of its own, so several can run and any one answers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ from txbroker.errors import InvalidArgument
 from txbroker.nameserver.cache import RouteCache
 from txbroker.protocol.frames import PROTOCOL_VERSION, Opcode
 from txbroker.protocol.messages import Empty, Hello, HelloOk, RouteRequest, RouteResponse
+from txbroker.runtime.fdlimit import open_files, raise_nofile_limit
 from txbroker.runtime.signals import stop_on_signals
 from txbroker.runtime.tls import TlsFiles, server_context
 from txbroker.server.access import Access
+from txbroker.server.admission import Admission, Limits, checked_limits, fit_limits
 from txbroker.server.connection import Connection, Handler
 from txbroker.server.tlslisten import TlsListener
 from txbroker.server.tokens import TokenTable
@@ -42,11 +45,8 @@ READY_PREFIX: Final = "txbroker nameserver ready"
 FIRST_LISTING_TIMEOUT_S: Final = 10.0
 # What the OS queues before accept (as the broker's, server/app.py).
 ACCEPT_BACKLOG: Final = 1024
-# A TLS client must complete its handshake within this (the broker's default HELLO deadline),
-# and at most this many sockets wait for their first byte: a NameServer's clients are a
-# cluster's services, far fewer than a broker's connection limit.
-HANDSHAKE_TIMEOUT_S: Final = 5.0
-TLS_PENDING_MAX: Final = 1024
+# Descriptors kept free beside the connections: etcd's channel, the log, a margin.
+FILES_KEPT: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,9 @@ class NameServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # The broker's connection limits (server/admission.py), with its defaults: a flood of
+    # sockets that never say HELLO cannot lock a service out of its routes.
+    limits: Limits = field(default_factory=checked_limits)
 
     def __post_init__(self) -> None:
         if self.auth_token == "":
@@ -98,6 +101,7 @@ class NameServer:
         self._feeding: asyncio.Task[None] | None = None
         self._server: asyncio.Server | TlsListener | None = None
         self._connections: set[Connection] = set()
+        self.admission: Admission | None = None
 
     async def start(self) -> None:
         tls = self.config.tls
@@ -118,16 +122,37 @@ class NameServer:
         def hello(_: Hello) -> HelloOk:
             return HelloOk(__version__, PROTOCOL_VERSION, access.tokens.required)
 
+        limits = self.config.limits
+        free = raise_nofile_limit().soft - open_files() - FILES_KEPT
+        most, reserved = fit_limits(limits.max_connections, limits.reserved, free)
+        if most < limits.max_connections:
+            log.warning(
+                "connections: at most %d (%d reserved), lowered from %d: the open-file limit "
+                "leaves no more; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+                most,
+                reserved,
+                limits.max_connections,
+            )
+            limits = dataclasses.replace(limits, max_connections=most, reserved=reserved)
+        admission = self.admission = Admission(limits)
+        admission.start()
+
         def connection() -> Connection:
-            return Connection(handlers, access=access, hello=hello, connections=self._connections)
+            return Connection(
+                handlers,
+                access=access,
+                hello=hello,
+                connections=self._connections,
+                admission=admission,
+            )
 
         host, port = self.config.host, self.config.port
         if context is not None:
             listener = TlsListener(
                 connection,
                 context,
-                handshake_timeout_s=HANDSHAKE_TIMEOUT_S,
-                pending_max=TLS_PENDING_MAX,
+                handshake_timeout_s=limits.handshake_timeout_s,
+                pending_max=limits.max_connections - limits.reserved,
                 refusal="this NameServer serves TLS on this port: connect with "
                 "txbnss://host:port (docs/cluster.md, 'Security')",
             )
@@ -151,6 +176,8 @@ class NameServer:
                 if c._transport is not None:
                     c._transport.close()
             await self._server.wait_closed()
+        if self.admission is not None:
+            await self.admission.stop()
         if self._feeding is not None:
             self._feeding.cancel()
             await asyncio.gather(self._feeding, return_exceptions=True)

@@ -15,9 +15,21 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from txbroker.errors import HandshakeTimeout, IdleTimeout, TxbError
+from txbroker.errors import HandshakeTimeout, IdleTimeout, InvalidArgument, TxbError
 
-__all__ = ["FILES_MARGIN", "REASONS", "Admission", "Guarded", "Limits", "fit_limits"]
+__all__ = [
+    "FILES_MARGIN",
+    "HANDSHAKE_TIMEOUT_MS",
+    "IDLE_TIMEOUT_MS",
+    "MAX_CONNECTIONS",
+    "MAX_FRAMES_PER_S",
+    "REASONS",
+    "Admission",
+    "Guarded",
+    "Limits",
+    "checked_limits",
+    "fit_limits",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +42,11 @@ REASONS: Final = (
     "idle_timeout",  # an authenticated connection silent for idle_timeout_ms
     "frame_rate",  # over max_frames_per_s
 )
+# The default limits, a broker's (ServerConfig, which says why each) and the NameServer's.
+MAX_CONNECTIONS: Final = 10_000
+HANDSHAKE_TIMEOUT_MS: Final = 5_000
+IDLE_TIMEOUT_MS: Final = 300_000
+MAX_FRAMES_PER_S: Final = 200_000
 # Handshake deadlines are kept to this precision; idle connections and buckets once a second.
 HANDSHAKE_SWEEP_S: Final = 0.1
 PASS_S: Final = 1.0
@@ -243,6 +260,44 @@ class Admission:
             "max_frames_per_s": lim.max_frames_per_s,
             "refused": dict(self.refused),
         }
+
+
+def checked_limits(
+    max_connections: int = MAX_CONNECTIONS,
+    reserved_connections: int | None = None,
+    handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS,
+    idle_timeout_ms: int = IDLE_TIMEOUT_MS,
+    max_frames_per_s: int = MAX_FRAMES_PER_S,
+) -> Limits:
+    """The limits of these settings (a broker's or a NameServer's), each checked with an error
+    that names it; ``reserved_connections`` None: a tenth of ``max_connections``."""
+    if max_connections < 2:
+        raise InvalidArgument(f"max_connections must be at least 2, got {max_connections}")
+    if reserved_connections is None:
+        reserved_connections = max(1, max_connections // 10)
+    elif not 0 <= reserved_connections < max_connections:
+        raise InvalidArgument(
+            f"reserved_connections must be 0..max_connections-1 "
+            f"({max_connections - 1}), got {reserved_connections}"
+        )
+    if handshake_timeout_ms <= 0:
+        raise InvalidArgument(f"handshake_timeout_ms must be positive, got {handshake_timeout_ms}")
+    if idle_timeout_ms != 0 and idle_timeout_ms < 1_000:
+        # Idle connections are looked for once a second: a shorter limit cannot be kept.
+        raise InvalidArgument(
+            f"idle_timeout_ms must be 0 (never) or at least 1000, got {idle_timeout_ms}"
+        )
+    if max_frames_per_s < 0:
+        raise InvalidArgument(
+            f"max_frames_per_s must be 0 (no limit) or positive, got {max_frames_per_s}"
+        )
+    return Limits(
+        max_connections,
+        reserved_connections,
+        handshake_timeout_ms / 1000,
+        idle_timeout_ms / 1000,
+        max_frames_per_s,
+    )
 
 
 def fit_limits(max_connections: int, reserved: int, files_free: int) -> tuple[int, int]:

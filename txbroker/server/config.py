@@ -11,6 +11,13 @@ from typing import Any
 
 from txbroker.cluster.url import parse_coordinator_url
 from txbroker.errors import InvalidArgument
+from txbroker.server.admission import (
+    HANDSHAKE_TIMEOUT_MS,
+    IDLE_TIMEOUT_MS,
+    MAX_CONNECTIONS,
+    MAX_FRAMES_PER_S,
+    checked_limits,
+)
 from txbroker.server.producer import DEFAULT_DEDUP_WINDOW_MS
 from txbroker.server.replication import ReplicationSettings
 from txbroker.server.retry import DEFAULT_RETRY_DELAYS_MS
@@ -88,17 +95,17 @@ class ServerConfig:
     # Connection limits (admission.py, docs/operations.md "Connection limits"). At most
     # max_connections (lowered at start to what the open-file limit allows); connections that
     # have not completed HELLO may hold all but reserved_connections of them (default: a tenth).
-    max_connections: int = 10_000
+    max_connections: int = MAX_CONNECTIONS
     reserved_connections: int | None = None
     # A connection must complete HELLO this soon after it is accepted.
-    handshake_timeout_ms: int = 5_000
+    handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS
     # An authenticated connection with no request in flight that sends nothing for this long is
     # closed (0: never). The SDK pings after 60 s of silence, well within it.
-    idle_timeout_ms: int = 300_000
+    idle_timeout_ms: int = IDLE_TIMEOUT_MS
     # Frames one connection may send per second, in bursts of up to twice as many (0: no limit).
     # 200,000 is about three times what one connection reached in `txbroker bench produce`
     # (70,000 single sends a second on a 2-core machine): a guard against a runaway client.
-    max_frames_per_s: int = 200_000
+    max_frames_per_s: int = MAX_FRAMES_PER_S
     # The console's links: a trace UI's URL with {trace_id} in it (Jaeger's
     # http://jaeger:16686/trace/{trace_id}), and the folder the reconciliation writes its
     # summary.json to (its --out, or a parent of dated --out folders).
@@ -216,28 +223,15 @@ class ServerConfig:
             )
 
     def _check_connection_limits(self) -> None:
-        if self.max_connections < 2:
-            raise InvalidArgument(f"max_connections must be at least 2, got {self.max_connections}")
-        if self.reserved_connections is None:  # frozen: the default is derived once, here
-            object.__setattr__(self, "reserved_connections", max(1, self.max_connections // 10))
-        elif not 0 <= self.reserved_connections < self.max_connections:
-            raise InvalidArgument(
-                f"reserved_connections must be 0..max_connections-1 "
-                f"({self.max_connections - 1}), got {self.reserved_connections}"
-            )
-        if self.handshake_timeout_ms <= 0:
-            raise InvalidArgument(
-                f"handshake_timeout_ms must be positive, got {self.handshake_timeout_ms}"
-            )
-        if self.idle_timeout_ms != 0 and self.idle_timeout_ms < 1_000:
-            # Idle connections are looked for once a second: a shorter limit cannot be kept.
-            raise InvalidArgument(
-                f"idle_timeout_ms must be 0 (never) or at least 1000, got {self.idle_timeout_ms}"
-            )
-        if self.max_frames_per_s < 0:
-            raise InvalidArgument(
-                f"max_frames_per_s must be 0 (no limit) or positive, got {self.max_frames_per_s}"
-            )
+        limits = checked_limits(
+            self.max_connections,
+            self.reserved_connections,
+            self.handshake_timeout_ms,
+            self.idle_timeout_ms,
+            self.max_frames_per_s,
+        )
+        # frozen: the default reserve is derived once, here
+        object.__setattr__(self, "reserved_connections", limits.reserved)
         if self.trace_url is not None and (
             not self.trace_url.startswith(("http://", "https://"))
             or "{trace_id}" not in self.trace_url
