@@ -48,7 +48,7 @@ def bench_peers(opts: PeersOptions, say: Say | None = None) -> dict[str, object]
     Each (round, workload, system) gets a queue, topic or stream of its own, named
     ``txb-bench-<run id>-r<round>-<workload>``, deleted right after; a last sweep deletes
     whatever a failure left. A peer that fails mid-run is left out of the rounds after."""
-    return run_client(_cancellable(_bench(opts, say or (lambda _line: None))))
+    return run_client(_cancellable(_bench(opts, say or (lambda _line: None))), broker_gc=True)
 
 
 async def _cancellable(coro: Coroutine[Any, Any, T]) -> T:
