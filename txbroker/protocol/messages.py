@@ -481,9 +481,12 @@ def _decoder(t: object) -> msgspec.msgpack.Decoder[Any]:
 # Encoding a body: the encoder's own method, not a function around it (a Python call less on
 # every answer and request).
 encode_body: Final[Callable[[object], bytes]] = _encoder.encode
-# Each request's decoder, made once: decoding a request is one lookup and one C call.
+# Each request's and response's decoder, made once: decoding a body is one lookup and one C call.
 _REQUEST_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     op: _decoder(t) for op, t in REQUEST_TYPES.items()
+}
+_RESPONSE_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
+    op: _decoder(t) for op, t in RESPONSE_TYPES.items()
 }
 
 
@@ -501,11 +504,11 @@ def decode_request(opcode: int, body: bytes) -> Any:
 def decode_response(opcode: int, body: bytes) -> Any:
     """The response Struct for ``opcode``; ``BadRequest`` (with the reason) if malformed, or if
     the opcode has no response body (STREAM, LOOKUP, a number outside ``Opcode``)."""
-    t = RESPONSE_TYPES.get(opcode)
-    if t is None:
+    dec = _RESPONSE_DECODERS.get(opcode)
+    if dec is None:
         raise BadRequest(f"opcode {opcode} has no response body")
     try:
-        return _decoder(t).decode(body)
+        return dec.decode(body)
     except _UNDECODABLE as e:
         raise BadRequest(f"malformed {Opcode(opcode).name} response: {e}") from e
 
