@@ -68,12 +68,12 @@ SWEEP_INTERVAL_S = 0.05
 # retransmission back-off that would otherwise keep a healed link silent: after a 20 s cut the
 # next retransmission is about 7 s away.
 PROBE_S: Final = 1.0
-# The enum members read on every request and answer, as plain names: on Python 3.11 reading a
+# The enum members read on every request and answer, as plain ints: on Python 3.11 reading a
 # member from its enum class (``Opcode.STREAM``) goes through the class's ``__getattr__``, about
 # 170 ns each, several per request.
-_REQUEST: Final = FrameKind.REQUEST
-_ERROR: Final = FrameKind.ERROR
-_STREAM: Final = Opcode.STREAM
+_REQUEST: Final = int(FrameKind.REQUEST)
+_ERROR: Final = int(FrameKind.ERROR)
+_STREAM: Final = int(Opcode.STREAM)
 
 
 class Connection:
@@ -554,7 +554,8 @@ class Connection:
         wire.abort()  # nothing queued for a dead link is worth flushing before the close
 
     def _answered(self, frames: list[Frame]) -> None:
-        """Hand each answer to its request (called by the connection as frames arrive)."""
+        """Hand each answer to its request (called by the connection as frames arrive, with
+        those it did not hand over itself: see the wire module's docstring)."""
         self._heard = True
         pending, deadlines = self._pending, self._deadlines
         for frame in frames:

@@ -47,6 +47,7 @@ __all__ = [
     "TopicName",
     "decode_request",
     "decode_response",
+    "RESPONSE_DECODERS",
     "encode_body",
 ]
 
@@ -485,7 +486,9 @@ encode_body: Final[Callable[[object], bytes]] = _encoder.encode
 _REQUEST_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     op: _decoder(t) for op, t in REQUEST_TYPES.items()
 }
-_RESPONSE_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
+# Public for the client's compiled answer path (txbroker_sdk/wire.py), which decodes with them
+# directly and leaves any failure to decode_response, so both say the same.
+RESPONSE_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     op: _decoder(t) for op, t in RESPONSE_TYPES.items()
 }
 
@@ -504,7 +507,7 @@ def decode_request(opcode: int, body: bytes) -> Any:
 def decode_response(opcode: int, body: bytes) -> Any:
     """The response Struct for ``opcode``; ``BadRequest`` (with the reason) if malformed, or if
     the opcode has no response body (STREAM, LOOKUP, a number outside ``Opcode``)."""
-    dec = _RESPONSE_DECODERS.get(opcode)
+    dec = RESPONSE_DECODERS.get(opcode)
     if dec is None:
         raise BadRequest(f"opcode {opcode} has no response body")
     try:
