@@ -9,13 +9,14 @@ over one :class:`~txbroker_sdk.connection.Connection`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Final, Self, cast
 
 from txbroker.errors import TopicExists
 from txbroker.protocol.frames import Opcode
 from txbroker.protocol.messages import (
     Empty,
     SendBatchRequest,
+    SendBatchResponse,
     SendReceipt,
     SendRequest,
     TopicCreate,
@@ -34,6 +35,10 @@ from txbroker_sdk.connection import DEFAULT_CONNECT_DEADLINE_S, DEFAULT_KEEPALIV
 from txbroker_sdk.requests import Transaction, is_nameserver_url, prepare_request
 
 __all__ = ["Client", "Transaction"]
+
+# Read on every send: a module name, not the enum class's attribute (see connection.py).
+_SEND: Final = Opcode.SEND
+_SEND_BATCH: Final = Opcode.SEND_BATCH
 
 
 class Client(Connection):
@@ -119,7 +124,17 @@ class Client(Connection):
         req = SendRequest(
             topic, body, key, tags, headers or {}, idempotency_key, deliver_at_ms=deliver_at_ms
         )
-        receipt: SendReceipt = await self.request(Opcode.SEND, req)
+        if self._closed is not None:
+            receipt: SendReceipt = await self.request(_SEND, req)
+            return receipt
+        # Connected: request()'s own steps, without its coroutine between this one and the
+        # answer (a frame more on every send and on every resumption of the sending task).
+        corr, fut = self._submit(_SEND, req, None)
+        try:
+            receipt = await fut
+        except BaseException:
+            self._forget(corr)  # cancelled (see request())
+            raise
         return receipt
 
     async def prepare(
@@ -175,6 +190,14 @@ class Client(Connection):
         return res
 
     async def send_batch(self, messages: list[SendRequest]) -> list[SendReceipt]:
-        res = await self.request(Opcode.SEND_BATCH, SendBatchRequest(messages))
-        receipts: list[SendReceipt] = res.receipts
-        return receipts
+        req = SendBatchRequest(messages)
+        if self._closed is not None:
+            res: SendBatchResponse = await self.request(_SEND_BATCH, req)
+            return res.receipts
+        corr, fut = self._submit(_SEND_BATCH, req, None)  # as in send()
+        try:
+            res = await fut
+        except BaseException:
+            self._forget(corr)
+            raise
+        return res.receipts

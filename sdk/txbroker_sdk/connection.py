@@ -68,6 +68,12 @@ SWEEP_INTERVAL_S = 0.05
 # retransmission back-off that would otherwise keep a healed link silent: after a 20 s cut the
 # next retransmission is about 7 s away.
 PROBE_S: Final = 1.0
+# The enum members read on every request and answer, as plain ints: on Python 3.11 reading a
+# member from its enum class (``Opcode.STREAM``) goes through the class's ``__getattr__``, about
+# 170 ns each, several per request.
+_REQUEST: Final = int(FrameKind.REQUEST)
+_ERROR: Final = int(FrameKind.ERROR)
+_STREAM: Final = int(Opcode.STREAM)
 
 
 class Connection:
@@ -387,8 +393,18 @@ class Connection:
     async def request(self, opcode: Opcode, body: Any, *, timeout_s: float | None = None) -> Any:
         """Send a request and await its answer: :class:`RequestTimeout` after ``timeout_s``
         (default: the client's ``timeout_s``) without one, its outcome unknown."""
-        await self._ensure_connected()
-        return await self._send_request(opcode, body, timeout_s)
+        # The request's own code, not its helpers' coroutines: each coroutine awaited costs a
+        # frame on every request and again on every resumption of the awaiting task.
+        if self._closed is not None:
+            await self._ensure_connected()
+        corr, fut = self._submit(opcode, body, timeout_s)
+        try:
+            return await fut
+        except BaseException:
+            # Cancelled: its entries go now. An answer, an error answer, a timeout or a dropped
+            # connection removed them before completing the future.
+            self._forget(corr)
+            raise
 
     async def _send_request(self, opcode: Opcode, body: Any, timeout_s: float | None) -> Any:
         corr, fut = self._submit(opcode, body, timeout_s)
@@ -417,7 +433,7 @@ class Connection:
         loop, out = self._loop, self._out
         assert loop is not None and out is not None  # connected
         corr = next(self._ids) & 0xFFFFFFFF
-        frame = encode_frame(FrameKind.REQUEST, opcode, corr, encode_body(body))
+        frame = encode_frame(_REQUEST, opcode, corr, encode_body(body))
         self._quiet = False
         if timeout_s is None:
             timeout_s = self._timeout_s
@@ -538,11 +554,12 @@ class Connection:
         wire.abort()  # nothing queued for a dead link is worth flushing before the close
 
     def _answered(self, frames: list[Frame]) -> None:
-        """Hand each answer to its request (called by the connection as frames arrive)."""
+        """Hand each answer to its request (called by the connection as frames arrive, with
+        those it did not hand over itself: see the wire module's docstring)."""
         self._heard = True
         pending, deadlines = self._pending, self._deadlines
         for frame in frames:
-            if frame.opcode == Opcode.STREAM:
+            if frame.opcode == _STREAM:
                 err = decode_error(frame.body)
                 cause = error_class(err.code)(err.message)
                 if isinstance(cause, ConnectionLimit):  # the next request connects again
@@ -559,7 +576,7 @@ class Connection:
             if entry is None:
                 if corr in self._posted:  # its answer is only looked at for an error
                     failure = None
-                    if frame.kind == FrameKind.ERROR:
+                    if frame.kind == _ERROR:
                         body = decode_error(frame.body)
                         failure = error_class(body.code)(body.message)
                     self._posted_answered(corr, failure)
@@ -567,7 +584,7 @@ class Connection:
             opcode, fut = entry
             if fut.done():
                 continue  # cancelled by its caller
-            if frame.kind == FrameKind.ERROR:
+            if frame.kind == _ERROR:
                 err = decode_error(frame.body)
                 fut.set_exception(error_class(err.code)(err.message))
                 continue

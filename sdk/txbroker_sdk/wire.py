@@ -1,22 +1,31 @@
 """One TCP connection of a :class:`~txbroker_sdk.connection.Connection`, as an asyncio protocol.
 
 Frames are decoded in ``data_received`` as their bytes arrive and handed to the client there,
-not by a reader task (see the connection module's docstring for why).
+not by a reader task (see the connection module's docstring for why). The answers that complete
+a waiting request, nearly all of them, complete it here, in compiled code; what else arrives
+(error answers, answers to posted requests, the broker's word on the connection itself) the
+connection's ``_answered`` handles.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
-from txbroker.errors import ProtocolError
+from txbroker.errors import ProtocolError, TxbError
 from txbroker.protocol.codec import FrameDecoder
+from txbroker.protocol.frames import FrameKind, Opcode
+from txbroker.protocol.messages import RESPONSE_DECODERS, decode_response
 from txbroker_sdk.errors import ConnectionClosed
 
 if TYPE_CHECKING:
     from txbroker_sdk.connection import Connection
 
 __all__ = ["Wire"]
+
+# As plain ints: compiled, a Final int is a constant, where an enum member is looked up.
+_RESPONSE: Final = int(FrameKind.RESPONSE)
+_STREAM: Final = int(Opcode.STREAM)
 
 
 class Wire(asyncio.Protocol):
@@ -54,7 +63,40 @@ class Wire(asyncio.Protocol):
             self._client._fail(e)
             self.close()
             return
-        self._client._answered(frames)
+        client = self._client
+        client._heard = True
+        pending, deadlines = client._pending, client._deadlines
+        n = len(frames)
+        i = 0
+        while i < n:
+            frame = frames[i]
+            if frame.kind != _RESPONSE or frame.opcode == _STREAM:
+                break
+            corr = frame.corr_id
+            entry = pending.get(corr)
+            if entry is None:
+                break  # a posted request's, or one that timed out
+            del pending[corr]
+            deadlines.pop(corr, None)
+            i += 1
+            opcode, fut = entry
+            if fut.done():
+                continue  # cancelled by its caller
+            dec = RESPONSE_DECODERS.get(opcode)
+            if dec is not None:
+                try:
+                    answer = dec.decode(frame.body)  # the decoder's own call, no wrapper
+                except Exception:
+                    pass  # decode_response below says what is wrong, as it says everywhere
+                else:
+                    fut.set_result(answer)
+                    continue
+            try:
+                fut.set_result(decode_response(opcode, frame.body))
+            except TxbError as e:  # an unreadable answer fails its request, not the connection
+                fut.set_exception(e)
+        if i < n:
+            client._answered(frames[i:] if i else frames)
 
     def eof_received(self) -> bool:
         if self._current():

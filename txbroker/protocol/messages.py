@@ -47,6 +47,7 @@ __all__ = [
     "TopicName",
     "decode_request",
     "decode_response",
+    "RESPONSE_DECODERS",
     "encode_body",
 ]
 
@@ -484,9 +485,14 @@ def _decoder(t: object) -> msgspec.msgpack.Decoder[Any]:
 # Encoding a body: the encoder's own method, not a function around it (a Python call less on
 # every answer and request).
 encode_body: Final[Callable[[object], bytes]] = _encoder.encode
-# Each request's decoder, made once: decoding a request is one lookup and one C call.
+# Each request's and response's decoder, made once: decoding a body is one lookup and one C call.
 _REQUEST_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     op: _decoder(t) for op, t in REQUEST_TYPES.items()
+}
+# Public for the client's compiled answer path (txbroker_sdk/wire.py), which decodes with them
+# directly and leaves any failure to decode_response, so both say the same.
+RESPONSE_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
+    op: _decoder(t) for op, t in RESPONSE_TYPES.items()
 }
 
 
@@ -504,11 +510,11 @@ def decode_request(opcode: int, body: bytes) -> Any:
 def decode_response(opcode: int, body: bytes) -> Any:
     """The response Struct for ``opcode``; ``BadRequest`` (with the reason) if malformed, or if
     the opcode has no response body (STREAM, LOOKUP, a number outside ``Opcode``)."""
-    t = RESPONSE_TYPES.get(opcode)
-    if t is None:
+    dec = RESPONSE_DECODERS.get(opcode)
+    if dec is None:
         raise BadRequest(f"opcode {opcode} has no response body")
     try:
-        return _decoder(t).decode(body)
+        return dec.decode(body)
     except _UNDECODABLE as e:
         raise BadRequest(f"malformed {Opcode(opcode).name} response: {e}") from e
 
