@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
 from txbroker.errors import InvalidArgument, MessageTooLarge, StoreFailed
-from txbroker.protocol.ids import new_id
+from txbroker.protocol.ids import ID_CHARS, new_id
 from txbroker.protocol.names import validate_topic
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.config import StoreConfig
@@ -50,8 +50,7 @@ _INTERNAL: Final = int(KeyKind.INTERNAL)
 # The encoded properties of a message whose only property is the id new_id() gave it, less the
 # id's bytes (the encoder's own output, so the bytes are the same as encoding the map): most
 # sends carry no properties, and this spares them a copied dict and a call to the encoder.
-_ID_CHARS: Final = len(new_id())
-_ID_ONLY_HEAD: Final = encode_properties({PROP_MESSAGE_ID: "0" * _ID_CHARS})[:-_ID_CHARS]
+_ID_ONLY_HEAD: Final = encode_properties({PROP_MESSAGE_ID: "0" * ID_CHARS})[:-ID_CHARS]
 
 # Output of Appender.prepare: topic, topic bytes, body, queue id, flags, born ms, properties,
 # encoded properties, message id.
