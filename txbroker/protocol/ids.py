@@ -13,7 +13,7 @@ import struct
 import time
 from typing import Final
 
-__all__ = ["id_time_ms", "new_id"]
+__all__ = ["ID_CHARS", "id_time_ms", "new_id"]
 
 _MASK62: Final = (1 << 62) - 1
 # The id's 128 bits, big-endian, packed from numbers that each fit a machine word (so the
@@ -26,6 +26,7 @@ _ID: Final = struct.Struct(
     "I"  # the low 32 unique bits
 )
 assert _ID.size == 16
+ID_CHARS: Final = 2 * _ID.size  # the length of an id from new_id(): hex, two digits a byte
 # Bound once: compiled, a Final is a constant, where ``_ID.pack`` and ``time.time_ns`` are
 # attribute lookups at every call.
 _pack_id: Final = _ID.pack

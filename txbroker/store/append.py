@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
 from txbroker.errors import InvalidArgument, MessageTooLarge, StoreFailed
-from txbroker.protocol.ids import new_id
+from txbroker.protocol.ids import ID_CHARS, new_id
 from txbroker.protocol.names import validate_topic
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.config import StoreConfig
@@ -46,6 +46,11 @@ _MESSAGE_ID: Final = int(KeyKind.MESSAGE_ID)
 _KEY: Final = int(KeyKind.KEY)
 _IDEMPOTENCY_KEY: Final = int(KeyKind.IDEMPOTENCY_KEY)
 _INTERNAL: Final = int(KeyKind.INTERNAL)
+
+# The encoded properties of a message whose only property is the id new_id() gave it, less the
+# id's bytes (the encoder's own output, so the bytes are the same as encoding the map): most
+# sends carry no properties, and this spares them a copied dict and a call to the encoder.
+_ID_ONLY_HEAD: Final = encode_properties({PROP_MESSAGE_ID: "0" * ID_CHARS})[:-ID_CHARS]
 
 # Output of Appender.prepare: topic, topic bytes, body, queue id, flags, born ms, properties,
 # encoded properties, message id.
@@ -115,6 +120,14 @@ def index_record(
             index.add(_INTERNAL, ix, phys, store_ms)
 
 
+def _entries(props: dict[str, str]) -> int:
+    """How many key-index entries index_record() makes for a record with ``props`` (an upper
+    bound)."""
+    keys = props.get(PROP_KEYS)
+    n = 1 + (keys.count(KEY_SEPARATOR) + 1 if keys else 0)
+    return n + (PROP_IDEMPOTENCY_KEY in props) + (PROP_INTERNAL_KEY in props)
+
+
 class Appender:
     """The store's write path, on the event loop, without yielding."""
 
@@ -169,8 +182,34 @@ class Appender:
         mid = props.get(PROP_MESSAGE_ID)
         if not mid:
             mid = new_id()
+            if not props:
+                props_b: bytes = _ID_ONLY_HEAD + mid.encode()
+                return (topic, tb, body, qid, flags, born, {PROP_MESSAGE_ID: mid}, props_b, mid)
             props = {**props, PROP_MESSAGE_ID: mid}
         return (topic, tb, body, qid, flags, born, props, encode_properties(props), mid)
+
+    def write_one(self, p: _Prepared) -> AppendResult:
+        """:meth:`write_all` of one record, without a batch's lists and tables: a single send,
+        most of the messages a broker stores."""
+        topic, tb, body, qid, flags, _born, props, props_b, _mid = p
+        key = (topic, qid)
+        log = self._log
+        try:
+            phys = log.reserve_one(_HEADER_BYTES + len(tb) + len(props_b) + len(body))
+            cq = self._queues.by_key.get(key)
+            if cq is None:
+                cq = self._queues.new(topic, qid)
+            cq.reserve(1)
+            self._index.reserve(0 if flags & UNINDEXED else _entries(props), phys)
+        except (OSError, StoreFailed) as e:
+            raise StoreFailed(f"append refused, nothing was written: {e}") from e
+        first = log.write_pos
+        try:
+            res = self._write_record(p, key, cq, time.time_ns() // 1_000_000)
+            self._queues.dirty.add(cq)
+            return res
+        except (OSError, StoreFailed) as e:
+            self._flusher.fail_write(e, first)
 
     def write_all(self, batch: Sequence[_Prepared]) -> list[AppendResult]:
         """Append every record of ``batch`` or none. Everything that can fail for want of
@@ -197,10 +236,8 @@ class Appender:
         for topic, tb, body, qid, flags, _born, props, props_b, _mid in batch:
             sizes.append(_HEADER_BYTES + len(tb) + len(props_b) + len(body))
             counts[(topic, qid)] = counts.get((topic, qid), 0) + 1
-            if not flags & UNINDEXED:  # as index_record() indexes it (an upper bound)
-                keys = props.get(PROP_KEYS)
-                entries += 1 + (keys.count(KEY_SEPARATOR) + 1 if keys else 0)
-                entries += (PROP_IDEMPOTENCY_KEY in props) + (PROP_INTERNAL_KEY in props)
+            if not flags & UNINDEXED:
+                entries += _entries(props)
         phys = self._log.reserve(sizes)
         known = self._queues.by_key
         queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -220,20 +257,28 @@ class Appender:
         One clock reading stamps the batch, and what does not change from record to record is
         looked up once: this is the append hot path, where every message's cost passes."""
         store_ms = time.time_ns() // 1_000_000
-        log = self._log  # its methods called on it, not through a bound method: a C call compiled
-        index = self._index
-        known = self._queues.by_key
         out: list[AppendResult] = []
-        for topic, tb, body, qid, flags, born, props, props_b, mid in batch:
-            key = (topic, qid)
-            cq = queues[key]
-            qoff = cq.max_offset
-            phys, size = log.append(tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms)
-            if known.get(key) is not cq:
-                known[key] = cq
-            index_record(
-                cq, index, props, phys, size, qoff, store_ms, to_index=not flags & UNINDEXED
-            )
-            out.append(AppendResult(topic, qid, qoff, phys, size, mid, store_ms))
+        for p in batch:
+            key = (p[0], p[3])
+            out.append(self._write_record(p, key, queues[key], store_ms))
         self._queues.dirty.update(queues.values())
         return out
+
+    def _write_record(
+        self, p: _Prepared, key: tuple[str, int], cq: ConsumeQueue, store_ms: int
+    ) -> AppendResult:
+        """Write one reserved record to the log, its consume queue ``cq`` (the queue of
+        ``key``) and the key index."""
+        topic, tb, body, qid, flags, born, props, props_b, mid = p
+        qoff = cq.max_offset
+        # The log's method called on it, not through a bound method: a C call compiled.
+        phys, size = self._log.append(
+            tb, props_b, body, flags, qid, qoff, born or store_ms, store_ms
+        )
+        known = self._queues.by_key
+        if known.get(key) is not cq:
+            known[key] = cq
+        index_record(
+            cq, self._index, props, phys, size, qoff, store_ms, to_index=not flags & UNINDEXED
+        )
+        return AppendResult(topic, qid, qoff, phys, size, mid, store_ms)

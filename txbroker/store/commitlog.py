@@ -208,6 +208,13 @@ class CommitLog:
             pos += size
         return first if first >= 0 else self.write_pos
 
+    def reserve_one(self, size: int) -> int:
+        """:meth:`reserve` for one record of ``size`` bytes, without the list."""
+        active = self.segments[-1]
+        if self.write_pos + size <= active.base + active.size:
+            return self.write_pos
+        return self.reserve([size])
+
     def _roll(self, active: MappedFile) -> MappedFile:
         seg = self._next_segment(0)  # first: a failure here leaves the log as it was
         self.write_buffer()

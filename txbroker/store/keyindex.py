@@ -47,13 +47,17 @@ INDEX_ENTRY: Final = struct.Struct(
     "I"  # 16  prev: 1-based number of the previous entry in this chain, 0 = end
     "I"  # 20  store_s: store time in seconds (low 32 bits), for window filtering
 )
+# INDEX_ENTRY with key_hash as its two 32-bit halves, low first (the same bytes, little-endian):
+# written from the two CRCs themselves, the compiled build never makes the 64-bit hash, an int
+# too large for a machine word that every operation on it would allocate.
+_ENTRY_HALVES: Final = struct.Struct("<IIQII")
 # 1-based number of the newest entry in the slot's chain, 0 = empty.
 SLOT: Final = struct.Struct("<I")
 assert INDEX_HEADER.size == 64
-assert INDEX_ENTRY.size == 24
+assert INDEX_ENTRY.size == 24 == _ENTRY_HALVES.size
 assert SLOT.size == 4  # the hot path below uses the sizes as literals
 _SLOTS_AT: Final = INDEX_HEADER.size
-_pack_entry: Final = INDEX_ENTRY.pack_into
+_pack_entry: Final = _ENTRY_HALVES.pack_into
 _pack_slot: Final = SLOT.pack_into
 _unpack_slot: Final = SLOT.unpack_from
 INDEX_MAGIC: Final = 0x58444958  # b"XIDX"
@@ -78,6 +82,7 @@ def key_hash(kind: int, key: str) -> int:
 class IndexFile:
     __slots__ = (
         "_entries_at",
+        "_high_mod",
         "begin_ms",
         "begin_phys",
         "capacity",
@@ -103,6 +108,8 @@ class IndexFile:
         self.begin_ms: int = bm
         self.end_ms: int = em
         self._entries_at: int = INDEX_HEADER.size + slots * SLOT.size
+        # 2**32 mod slots: h % slots == (high * _high_mod + low) % slots for h == high << 32 | low
+        self._high_mod: int = (1 << 32) % slots
 
     @classmethod
     def create(cls, path: Path, base_phys: int, slots: int, capacity: int) -> IndexFile:
@@ -120,13 +127,20 @@ class IndexFile:
     def _entry_pos(self, number: int) -> int:  # number is 1-based
         return self._entries_at + (number - 1) * INDEX_ENTRY.size
 
-    def add(self, h: int, phys: int, store_ms: int) -> None:
+    def add(self, high: int, low: int, phys: int, store_ms: int) -> None:
+        """Add the entry of key hash ``high << 32 | low`` (see KeyIndex.add)."""
         mm = self.f.mm
-        slot_pos = _SLOTS_AT + (h % self.slots) * 4
+        slot_pos = _SLOTS_AT + ((high * self._high_mod + low) % self.slots) * 4
         head = _unpack_slot(mm, slot_pos)[0]
         number = self.count + 1
         _pack_entry(
-            mm, self._entries_at + (number - 1) * 24, h, phys, head, (store_ms // 1000) & 0xFFFFFFFF
+            mm,
+            self._entries_at + (number - 1) * 24,
+            low,
+            high,
+            phys,
+            head,
+            (store_ms // 1000) & 0xFFFFFFFF,
         )
         # Entry first, then count, then slot: a crash between them orphans the entry (replay
         # re-adds it) but never links a slot to an entry that was not written.
@@ -260,9 +274,9 @@ class KeyIndex:
         if not files or files[-1].full:
             self._new_file(phys)
         data = key.encode()
-        # Two different CRC polynomials give 64 reasonably independent bits cheaply (inlined
-        # key_hash: this runs for every id, key and idempotency key appended).
-        files[-1].add((_crc32(data, kind) << 32) | _crc32c(data), phys, store_ms)
+        # key_hash's two halves, inlined: this runs for every id, key and idempotency key
+        # appended.
+        files[-1].add(_crc32(data, kind), _crc32c(data), phys, store_ms)
 
     def find(self, kind: int, key: str, limit: int = 64, since_ms: int = 0) -> list[int]:
         """Candidate offsets, newest first, for files whose records may be newer than since_ms."""

@@ -269,7 +269,7 @@ class MessageStore:
             self._check_role()
         self._lifecycle.check_open()
         appender = self._appender
-        return appender.write_all((appender.prepare(msg),))[0]
+        return appender.write_one(appender.prepare(msg))
 
     def append_batch_nowait(self, msgs: Sequence[Message]) -> list[AppendResult]:
         """Append several messages, all or none, without waiting for durability: every one is
