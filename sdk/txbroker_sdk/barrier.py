@@ -1,9 +1,11 @@
 """The local-transaction barrier: a check-back can never disagree with the service's database.
 
-The business transaction inserts ``txb_local_tx(tx_id, 'committed')`` (:func:`record_commit`)
-before it commits; a back-check inserts ``(tx_id, 'rolled_back')`` if no row exists
-(:class:`BarrierResolver`). Whichever row is there answers the check, and while the business
-transaction is open the check's insert waits for it, so the answer always matches the outcome.
+The business transaction inserts ``txb_local_tx(tx_id, 'committed')`` before it commits
+(:func:`record_commit`), or with its COMMIT (:func:`record_with_commit`); a back-check inserts
+``(tx_id, 'rolled_back')`` if no row exists (:class:`BarrierResolver`). Whichever row is there
+first answers the check: a check's insert waits for an open business transaction that inserted
+the row, and a check's row fails the business transaction's insert, which then rolls back; so
+the answer always matches the outcome.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from txbroker_sdk.errors import TransactionFenced
 from txbroker_sdk.preflight import TablesChecked
 from txbroker_sdk.tables import LOCAL_TX, insert_if_absent
 
-__all__ = ["BarrierResolver", "mount", "record_commit"]
+__all__ = ["BarrierResolver", "mount", "record_commit", "record_with_commit"]
 
 COMMITTED = "committed"
 ROLLED_BACK = "rolled_back"
@@ -57,11 +59,11 @@ async def record_commit(
     conn: AsyncConnection | AsyncSession, tx_id: str, topic: str | None, key: str | None
 ) -> None:
     """Insert the barrier row inside the business transaction."""
-    driver = _open_asyncpg_transaction(conn)
-    if driver is not None:
+    proxied = _open_asyncpg_transaction(conn)
+    if proxied is not None:
         sql, unique_violation = _asyncpg_insert()
         try:
-            await driver.execute(sql, tx_id, COMMITTED, topic, key)
+            await proxied.driver_connection.execute(sql, tx_id, COMMITTED, topic, key)
         except unique_violation as e:
             raise _fenced(tx_id) from e
         return
@@ -73,9 +75,111 @@ async def record_commit(
         raise _fenced(tx_id) from e
 
 
+async def record_with_commit(
+    session: AsyncSession, tx_id: str, topic: str | None, key: str | None
+) -> None:
+    """Record the barrier row in the business transaction, to be committed with it: on asyncpg
+    the row is inserted by the transaction's own COMMIT, in one round trip with it (one
+    statement, ``INSERT ...; COMMIT``, in place of the driver's ``COMMIT``); elsewhere it is
+    inserted now (:func:`record_commit`). Either way a back-check's row that got there first
+    fails the commit with :class:`TransactionFenced`, and nothing commits.
+
+    One database round trip fewer per transaction: with the driver call it saves, about half
+    of the service CPU that ``@transactional`` adds (`txbroker bench service`)."""
+    proxied = _open_asyncpg_transaction(session)
+    if proxied is not None:
+        adapter = proxied.dbapi_connection
+        driver = proxied.driver_connection
+        started = getattr(adapter, "_transaction", None)
+        values = (tx_id, topic, key)
+        # Only over the top-level transaction SQLAlchemy's adapter started (what it calls to
+        # commit is swapped below); a value with NUL, which no PostgreSQL text can hold, takes
+        # the parameterised insert and its error.
+        if (
+            type(started) is _asyncpg_transaction_class()
+            and getattr(driver, "_top_xact", None) is started
+            and not any(v is not None and "\x00" in v for v in values)
+        ):
+            sql = f"{_literal_insert_prefix()}({_literal(tx_id)}, '{COMMITTED}', " + (
+                f"{_literal(topic)}, {_literal(key)}); COMMIT"
+            )
+            adapter._transaction = _CommitWithBarrier(driver, started, sql, tx_id)
+            return
+    await record_commit(session, tx_id, topic, key)
+
+
+class _CommitWithBarrier:
+    """Stands in for asyncpg's transaction under SQLAlchemy's asyncpg adapter, which commits
+    or rolls back whatever it holds there: the commit inserts the barrier row and commits in
+    one simple query; a rollback is asyncpg's own."""
+
+    __slots__ = ("_driver", "_sql", "_started", "_tx_id")
+
+    def __init__(self, driver: Any, started: Any, sql: str, tx_id: str) -> None:
+        self._driver = driver
+        self._started = started
+        self._sql = sql
+        self._tx_id = tx_id
+
+    async def commit(self) -> None:
+        driver = self._driver
+        driver._top_xact = None  # as asyncpg's commit does first: its transaction ends here
+        try:
+            await driver.execute(self._sql)
+        except BaseException as e:
+            # A failing statement ends a query of several before its COMMIT: the transaction
+            # is left open (aborted) and must not go back to the pool that way.
+            await _end_failed(driver)
+            _, unique_violation = _asyncpg_insert()
+            if isinstance(e, unique_violation):
+                raise _fenced(self._tx_id) from e
+            raise
+
+    async def rollback(self) -> None:
+        await self._started.rollback()
+
+
+async def _end_failed(driver: Any) -> None:
+    """Roll back what a failed commit left open; if that cannot be done, close the connection
+    (the server rolls back): a cancelled caller does not wait, and a connection in an unknown
+    transaction state is never reused."""
+    if driver.is_closed() or not driver.is_in_transaction():
+        return
+    try:
+        await driver.execute("ROLLBACK")
+    except BaseException:
+        driver.terminate()
+        raise
+
+
+def _literal(value: str | None) -> str:
+    """``value`` as a PostgreSQL string constant: an escape string (E'...'), whose meaning does
+    not depend on standard_conforming_strings, with its backslashes and quotes doubled."""
+    if value is None:
+        return "NULL"
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+@functools.cache
+def _literal_insert_prefix() -> str:
+    """The asyncpg barrier insert up to its values: ``INSERT INTO ... (...) VALUES ``."""
+    sql, _ = _asyncpg_insert()
+    prefix, sep, _ = sql.partition("VALUES ")
+    assert sep, sql
+    return prefix + sep
+
+
+@functools.cache
+def _asyncpg_transaction_class() -> type:
+    from asyncpg.transaction import Transaction  # type: ignore[import-untyped]
+
+    return Transaction  # type: ignore[no-any-return]
+
+
 def _open_asyncpg_transaction(conn: AsyncConnection | AsyncSession) -> Any:
-    """The asyncpg connection under ``conn`` if its transaction is already open on it (it is,
-    unless the business function wrote nothing), else None; found without any I/O.
+    """The pool's connection under ``conn`` (``driver_connection``: asyncpg's) if it is asyncpg
+    and its transaction is already open on it (it is, unless the business function wrote
+    nothing), else None; found without any I/O.
 
     Writing the barrier row straight to the driver skips SQLAlchemy's execution path, and
     finding the connection without ``await session.connection()`` skips two greenlet switches
@@ -95,8 +199,9 @@ def _open_asyncpg_transaction(conn: AsyncConnection | AsyncSession) -> Any:
         sync = conn.sync_connection
     if sync is None or sync.invalidated or sync.dialect.driver != "asyncpg":
         return None
-    driver = sync.connection.driver_connection
-    return driver if driver is not None and driver.is_in_transaction() else None
+    proxied = sync.connection
+    driver = proxied.driver_connection
+    return proxied if driver is not None and driver.is_in_transaction() else None
 
 
 def _fenced(tx_id: str) -> TransactionFenced:

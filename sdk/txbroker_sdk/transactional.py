@@ -1,11 +1,12 @@
 """``@transactional``: change the database and publish a message about it, both or neither.
 
 Per call, in one database transaction: run the function, then PREPARE the half message (its
-result is the body) while inserting the barrier row, and commit once both succeeded; then
-END_TX(commit), sent without waiting for its answer (``flush()`` waits). A failure before the
-database commit rolls back both (or its back-check finds no barrier row: ROLLBACK). A failure
-after the commit (the END_TX is lost) is left to the back-check, which finds the committed
-barrier row: COMMIT. :class:`TxPublisher` shows the use.
+result is the body) and record the barrier row, and commit once both succeeded (on PostgreSQL
+the COMMIT's own query inserts the row; elsewhere it goes in while the PREPARE is on its way);
+then END_TX(commit), sent without waiting for its answer (``flush()`` waits). A failure before
+the database commit rolls back both (or its back-check finds no barrier row: ROLLBACK). A
+failure after the commit (the END_TX is lost) is left to the back-check, which finds the
+committed barrier row: COMMIT. :class:`TxPublisher` shows the use.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from txbroker.protocol.messages import TxEndRequest
 from txbroker.runtime import tracing as tr
 from txbroker.runtime.tracing import tracing_on
 from txbroker_sdk import faults
-from txbroker_sdk.barrier import record_commit
+from txbroker_sdk.barrier import record_with_commit
 from txbroker_sdk.client import Client
+from txbroker_sdk.errors import TransactionFenced
 from txbroker_sdk.preflight import TablesChecked
 from txbroker_sdk.requests import prepare_request
 from txbroker_sdk.tables import LOCAL_TX
@@ -197,10 +199,10 @@ class TxPublisher:
                     timeout_ms=self._timeout_ms,
                     deliver_at_ms=deliver_at,
                 )
-                # The PREPARE and the barrier row overlap: the broker's durable append and the
-                # database's insert run at once. Both must succeed before the commit below.
+                # The PREPARE must succeed before the commit below, which inserts the barrier
+                # row (or the row goes in now, while the PREPARE is on its way).
                 prepared = self._client.submit(Opcode.TX_PREPARE, prepare, drained=False)
-                await record_commit(session, tx_id, topic, msg_key)
+                await record_with_commit(session, tx_id, topic, msg_key)
                 await prepared
                 faults.point("before_db_commit")
                 committing = True  # leaving the block commits
@@ -209,8 +211,9 @@ class TxPublisher:
             if faults.dropped("drop_end_tx"):
                 log.warning("END_TX of %s dropped (TXB_FAULTS): %s", tx_id, _END_TX_LOST)
                 return result
-        except BaseException:
-            if committing:
+        except BaseException as e:
+            # Fenced at the commit (a back-check's row was there): it did not take effect.
+            if committing and not isinstance(e, TransactionFenced):
                 # The COMMIT itself failed (a dropped connection, a cancellation): it may have
                 # taken effect anyway. Only the barrier knows, so the back-check decides.
                 log.warning("commit of %s failed; its back-check reads the barrier", tx_id)

@@ -200,18 +200,18 @@ def _held_before_barrier_insert() -> Iterator[tuple[asyncio.Event, ...]]:
     business function itself runs before PREPARE, so the broker cannot check it yet). The
     PREPARE is on its way meanwhile (it overlaps the insert), so the broker can check."""
     reached, release = asyncio.Event(), asyncio.Event()
-    real = transactional.record_commit
+    real = transactional.record_with_commit
 
     async def held(*args: Any) -> None:
         reached.set()
         await release.wait()
         await real(*args)
 
-    transactional.record_commit = held
+    transactional.record_with_commit = held
     try:
         yield reached, release
     finally:
-        transactional.record_commit = real
+        transactional.record_with_commit = real
 
 
 async def test_a_check_while_the_db_transaction_is_open(svc: Service) -> None:

@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -221,3 +226,88 @@ async def test_a_commit_that_fails_after_taking_effect_is_settled_by_the_check(
         await _settled_by_the_check(c)
         assert await _rows(engine) == ["o7"]
         assert await _delivered(c) == [b"o7"]  # committed order, delivered message
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_on_postgresql_the_barrier_row_takes_no_round_trip_of_its_own(
+    service: tuple[BrokerProcess, str, AsyncEngine],
+) -> None:
+    """The barrier row is inserted by the COMMIT's own query: the decorated transaction sends
+    PostgreSQL as many queries as the same transaction without messaging."""
+    broker, check_url, shared = service
+    engine = create_async_engine(shared.url, pool_size=1, max_overflow=0)
+    try:
+        sessions = async_sessionmaker(engine)
+        async with await Client.connect(broker.url) as c:
+            await c.create_topic("orders", queues=1)
+            pub = TxPublisher(c, sessions, producer_group=GROUP, check_url=check_url)
+
+            async def insert(session: AsyncSession, oid: str) -> str:
+                await session.execute(ORDERS.insert().values(id=oid, item="lamp"))
+                return oid
+
+            place = pub.transactional("orders", key=lambda oid: oid)(insert)
+            await place("warm")  # prepares the statements and checks the tables
+            queries: list[str] = []
+            async with engine.connect() as conn:  # the pool's one connection
+                raw = await conn.get_raw_connection()
+                raw.driver_connection.add_query_logger(lambda q: queries.append(q.query))
+            async with sessions() as session, session.begin():
+                await insert(session, "plain")
+            plain, queries[:] = len(queries), []
+            assert await place("o1") == "o1"
+            assert len(queries) == plain, queries
+            assert await _rows(engine) == ["o1", "plain", "warm"]
+            assert sorted(await _delivered(c)) == [b"o1", b"warm"]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_commit_fenced_by_a_check_rolls_back_and_the_connection_serves_on(
+    service: tuple[BrokerProcess, str, AsyncEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A back-check's row already there fails the commit (TransactionFenced): no order, no
+    message, and the connection goes back to the pool usable (no transaction left open on it);
+    keys with quotes and backslashes are recorded as they are."""
+    from txbroker_sdk import transactional
+    from txbroker_sdk.errors import TransactionFenced
+
+    broker, check_url, shared = service
+    engine = create_async_engine(shared.url, pool_size=1, max_overflow=0)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                LOCAL_TX.insert().values(tx_id="fenced-1", state="rolled_back", topic="orders")
+            )
+        ids = iter(["fenced-1", "free-2"])
+        monkeypatch.setattr(transactional, "new_id", lambda: next(ids))
+        async with await Client.connect(broker.url) as c:
+            await c.create_topic("orders", queues=1)
+            pub = TxPublisher(
+                c, async_sessionmaker(engine), producer_group=GROUP, check_url=check_url
+            )
+
+            @pub.transactional("orders", key=lambda oid: f"it's\\{oid}'ü")
+            async def place(session: AsyncSession, oid: str) -> str:
+                await session.execute(ORDERS.insert().values(id=oid, item="lamp"))
+                return oid
+
+            with pytest.raises(TransactionFenced, match="rolled back by a back-check"):
+                await place("o1")
+            assert await place("o2") == "o2"
+            assert await _rows(engine) == ["o2"]
+            assert await _delivered(c) == [b"o2"]
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    sa.select(LOCAL_TX.c.tx_id, LOCAL_TX.c.state, LOCAL_TX.c.key).order_by(
+                        LOCAL_TX.c.tx_id
+                    )
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [
+            ("fenced-1", "rolled_back", None),
+            ("free-2", "committed", "it's\\o2'ü"),
+        ]
+    finally:
+        await engine.dispose()
