@@ -34,7 +34,7 @@ async def test_a_read_the_disk_fails_is_a_store_error_naming_the_record(tmp_path
         assert f"physical offset {stored.physical_offset} from {seg.path} failed" in str(
             failed.value
         )
-        assert isinstance(failed.value.__cause__, OSError)
+        assert "Is a directory" in str(failed.value)  # the OSError's own words
         assert (await store.read(stored.physical_offset)).body == b"x"  # nothing else broke
     finally:
         await store.close()
