@@ -190,14 +190,6 @@ class Client(Connection):
         return res
 
     async def send_batch(self, messages: list[SendRequest]) -> list[SendReceipt]:
-        req = SendBatchRequest(messages)
-        if self._closed is not None:
-            res: SendBatchResponse = await self.request(_SEND_BATCH, req)
-            return res.receipts
-        corr, fut = self._submit(_SEND_BATCH, req, None)  # as in send()
-        try:
-            res = await fut
-        except BaseException:
-            self._forget(corr)
-            raise
+        # Through request(): its coroutine is one frame per batch, not per message.
+        res: SendBatchResponse = await self.request(_SEND_BATCH, SendBatchRequest(messages))
         return res.receipts

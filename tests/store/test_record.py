@@ -14,23 +14,25 @@ from txbroker.store.record import (
     check_record,
     decode_record,
     encode_properties,
-    encode_record,
+    encode_record_parts,
 )
 
 
 def _encode(topic: str, props: dict[str, str], body: bytes, **kw: int) -> bytes:
     args = {"flags": 0, "queue_id": 0, "queue_offset": 0, "physical_offset": 0, "born_ms": 1}
     args.update(kw)
-    return encode_record(
-        topic.encode(),
-        encode_properties(props),
-        body,
-        args["flags"],
-        args["queue_id"],
-        args["queue_offset"],
-        args["physical_offset"],
-        args["born_ms"],
-        args.get("store_ms", 2),
+    return b"".join(
+        encode_record_parts(
+            topic.encode(),
+            encode_properties(props),
+            body,
+            args["flags"],
+            args["queue_id"],
+            args["queue_offset"],
+            args["physical_offset"],
+            args["born_ms"],
+            args.get("store_ms", 2),
+        )
     )
 
 

@@ -40,7 +40,6 @@ __all__ = [
     "decode_properties",
     "decode_record",
     "encode_properties",
-    "encode_record",
     "encode_record_parts",
 ]
 
@@ -194,24 +193,6 @@ class StoredMessage(msgspec.Struct, frozen=True, gc=False):
 # --- codec ----------------------------------------------------------------------------------
 
 
-def encode_record(
-    topic_bytes: bytes,
-    props: bytes,
-    body: bytes,
-    flags: int,
-    queue_id: int,
-    queue_offset: int,
-    physical_offset: int,
-    born_ms: int,
-    store_ms: int,
-) -> bytes:
-    """Encode one record (positional arguments: this is the append hot path)."""
-    prefix, rest = encode_record_parts(
-        topic_bytes, props, body, flags, queue_id, queue_offset, physical_offset, born_ms, store_ms
-    )
-    return prefix + rest
-
-
 def encode_record_parts(
     topic_bytes: bytes,
     props: bytes,
@@ -223,9 +204,10 @@ def encode_record_parts(
     born_ms: int,
     store_ms: int,
 ) -> tuple[bytes, bytes]:
-    """:func:`encode_record` in two parts: ``PREFIX`` (size, magic, CRC) and the bytes the CRC
-    covers, so the CRC is one call over one buffer and a writer that appends to a buffer of its
-    own copies the body no more often than with one part. Limits are the caller's to check
+    """One record in two parts (positional arguments: this is the append hot path):
+    ``PREFIX`` (size, magic, CRC) and the bytes the CRC covers, so the CRC is one call over one
+    buffer and a writer that appends to a buffer of its own copies the body no more often than
+    with one part. Limits are the caller's to check
     before assigning offsets; breaking them here is a bug, hence asserts."""
     body_len = len(body)
     props_len = len(props)
